@@ -1,0 +1,279 @@
+"""The PLaMo 2 configuration: every key of plamo2-spec.md section 1, typed, checked, with the
+derived values (Mamba inner width, time-step rank, padded vocab, layer kinds) in one place."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError
+
+REQUIRED_KEYS = (
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "hidden_size_per_head",
+    "mamba_d_state",
+    "mamba_d_conv",
+    "mamba_num_heads",
+    "mamba_step",
+    "intermediate_size",
+    "vocab_size",
+)
+
+# HF's PlamoConfig defaults for the optional keys (plamo2-spec.md section 1.2).
+DEFAULTS: dict[str, Any] = {
+    "model_type": "plamo2",
+    "rms_norm_eps": 1e-6,
+    "mamba_chunk_size": 256,
+    "mamba_enabled": True,
+    "attention_window_size": 2048,
+    "full_attention_idx": [],
+    "rope_theta": 10000.0,
+    "max_position_embeddings": 2048,
+    "tie_word_embeddings": True,
+    "torch_dtype": "float32",
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "pad_token_id": None,
+}
+MODEL_TYPES = ("plamo2", "plamo")
+# HF's remote code forces at least this context (modeling_plamo.py).
+MIN_MAX_POSITIONS = 10 * 2**20
+
+# Norm offsets folded into the stored deltas (plamo2-spec.md section 4.1).
+NORM_OFFSETS = {
+    "pre_mixer_norm": 1.0,
+    "post_mixer_norm": 1.0 / 5,
+    "pre_mlp_norm": 1.0,
+    "post_mlp_norm": 1.0 / 5**1.5,
+}
+FINAL_NORM_OFFSET = 1.0
+
+
+@dataclass(frozen=True)
+class Plamo2Config:
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    hidden_size_per_head: int
+    mamba_d_state: int
+    mamba_d_conv: int
+    mamba_num_heads: int
+    mamba_step: int
+    intermediate_size: int
+    vocab_size: int
+    model_type: str = "plamo2"
+    rms_norm_eps: float = 1e-6
+    mamba_chunk_size: int = 256
+    mamba_enabled: bool = True
+    attention_window_size: int = 2048
+    full_attention_idx: tuple[int, ...] = ()
+    rope_theta: float = 10000.0
+    max_position_embeddings: int = MIN_MAX_POSITIONS
+    tie_word_embeddings: bool = True
+    torch_dtype: str = "float32"
+    bos_token_id: int | None = 1
+    eos_token_id: int | list[int] | None = 2
+    pad_token_id: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    # ---- derived values -------------------------------------------------------------------
+    @property
+    def mamba_inner(self) -> int:
+        """I = Hm * d: Mamba heads use the same head size as attention."""
+        return self.mamba_num_heads * self.hidden_size_per_head
+
+    @property
+    def dt_rank(self) -> int:
+        """R = max(64, D // 16): not stored in config.json (confirmed by parameter counts)."""
+        return max(64, self.hidden_size // 16)
+
+    @property
+    def padded_vocab(self) -> int:
+        """Vp = ceil(V / 64) * 64, vLLM's VocabParallelEmbedding padding."""
+        return math.ceil(self.vocab_size / 64) * 64
+
+    @property
+    def lm_head_rows(self) -> int:
+        """HF rounds an untied lm_head up to a multiple of 16 rows; logits are cut to V."""
+        return math.ceil(self.vocab_size / 16) * 16
+
+    @property
+    def layer_is_mamba(self) -> tuple[bool, ...]:
+        """The is_mamba rule of HF, MLX, vLLM and llama.cpp (plamo2-spec.md section 2)."""
+        L, step = self.num_hidden_layers, self.mamba_step
+        if not self.mamba_enabled:
+            return (False,) * L
+        if L <= step // 2:
+            # Too few layers for the pattern: all Mamba except the last, which is attention.
+            return tuple(i != L - 1 for i in range(L))
+        return tuple(i % step != step // 2 for i in range(L))
+
+    @property
+    def layer_kinds(self) -> tuple[str, ...]:
+        return tuple("mamba" if m else "attention" for m in self.layer_is_mamba)
+
+    def attention_window(self, layer: int) -> int | None:
+        """Keys a query sees besides itself in this attention layer (None = full causal)."""
+        return None if layer in self.full_attention_idx else self.attention_window_size
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        if self.eos_token_id is None:
+            return ()
+        if isinstance(self.eos_token_id, int):
+            return (self.eos_token_id,)
+        return tuple(self.eos_token_id)
+
+    # ---- the tensor inventory of an HF checkpoint (plamo2-spec.md section 3) -----------------
+    def hf_tensor_shapes(self) -> dict[str, tuple[int, ...]]:
+        D, d, N, K = self.hidden_size, self.hidden_size_per_head, self.mamba_d_state, self.mamba_d_conv
+        Hm, Hq, Hkv, F, I, R = (
+            self.mamba_num_heads,
+            self.num_attention_heads,
+            self.num_key_value_heads,
+            self.intermediate_size,
+            self.mamba_inner,
+            self.dt_rank,
+        )
+        shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (self.vocab_size, D)}
+        for i, is_mamba in enumerate(self.layer_is_mamba):
+            p = f"model.layers.layers.{i}."
+            for norm in NORM_OFFSETS:
+                shapes[p + norm + ".weight"] = (D,)
+            shapes[p + "mlp.gate_up_proj.weight"] = (2 * F, D)
+            shapes[p + "mlp.down_proj.weight"] = (D, F)
+            m = p + "mixer."
+            if is_mamba:
+                shapes.update(
+                    {
+                        m + "in_proj.weight": (2 * I, D),
+                        m + "conv1d.weight": (I, 1, K),
+                        m + "bcdt_proj.weight": (R + 2 * N, I),
+                        m + "dt_proj.weight": (Hm, R),
+                        m + "dt_bias": (Hm,),
+                        m + "A_log": (Hm,),
+                        m + "D": (Hm,),
+                        m + "dt_norm_weight": (R,),
+                        m + "B_norm_weight": (N,),
+                        m + "C_norm_weight": (N,),
+                        m + "out_proj.weight": (D, I),
+                    }
+                )
+            else:
+                shapes.update(
+                    {
+                        m + "qkv_proj.weight": ((Hq + 2 * Hkv) * d, D),
+                        m + "q_weight": (Hq, d),
+                        m + "k_weight": (Hkv, d),
+                        m + "o_proj.weight": (D, Hq * d),
+                    }
+                )
+        shapes["model.norm.weight"] = (D,)
+        if not self.tie_word_embeddings:
+            shapes["lm_head.weight"] = (self.lm_head_rows, D)
+        return shapes
+
+    def num_parameters(self) -> int:
+        return sum(math.prod(s) for s in self.hf_tensor_shapes().values())
+
+    # ---- I/O ---------------------------------------------------------------------------------
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any], source: str = "config.json") -> Plamo2Config:
+        missing = [k for k in REQUIRED_KEYS if k not in raw]
+        if missing:
+            raise ConfigError(f"{source}: missing required key(s): {', '.join(missing)}")
+        model_type = raw.get("model_type", DEFAULTS["model_type"])
+        if model_type not in MODEL_TYPES:
+            raise ConfigError(
+                f"{source}: model_type is {model_type!r}, expected 'plamo2' (is this a PLaMo 2 checkpoint?)"
+            )
+        values: dict[str, Any] = {}
+        for key in REQUIRED_KEYS:
+            values[key] = _int(raw, key, source)
+        for key, default in DEFAULTS.items():
+            value = raw.get(key, default)
+            # An explicit null means "default", except for token ids where None is meaningful.
+            values[key] = default if value is None and not key.endswith("_token_id") else value
+        values["model_type"] = model_type
+        values["mamba_chunk_size"] = _int({"k": values["mamba_chunk_size"]}, "k", source, "mamba_chunk_size")
+        values["attention_window_size"] = _int(
+            {"k": values["attention_window_size"]}, "k", source, "attention_window_size"
+        )
+        values["rms_norm_eps"] = float(values["rms_norm_eps"])
+        values["rope_theta"] = float(values["rope_theta"])
+        values["full_attention_idx"] = tuple(int(i) for i in values["full_attention_idx"] or ())
+        values["max_position_embeddings"] = max(MIN_MAX_POSITIONS, int(values["max_position_embeddings"]))
+        values["mamba_enabled"] = bool(values["mamba_enabled"])
+        values["tie_word_embeddings"] = bool(values["tie_word_embeddings"])
+        known = set(REQUIRED_KEYS) | set(DEFAULTS)
+        values["extra"] = {k: v for k, v in raw.items() if k not in known}
+        cfg = cls(**values)
+        cfg._validate(source)
+        return cfg
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> Plamo2Config:
+        path = Path(path)
+        if path.is_dir():
+            path = path / "config.json"
+        try:
+            raw = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"{path}: not found (is this a PLaMo 2 checkpoint directory?)") from None
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"{path}: not valid JSON ({e})") from None
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{path}: expected a JSON object")
+        return cls.from_dict(raw, str(path))
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = dict(self.extra)
+        for key in REQUIRED_KEYS:
+            out[key] = getattr(self, key)
+        for key in DEFAULTS:
+            value = getattr(self, key)
+            out[key] = list(value) if isinstance(value, tuple) else value
+        return out
+
+    def _validate(self, source: str) -> None:
+        def fail(key: str, why: str) -> None:
+            raise ConfigError(f"{source}: {key} = {getattr(self, key)!r}: {why}")
+
+        for key in REQUIRED_KEYS:
+            if getattr(self, key) <= 0:
+                fail(key, "must be a positive integer")
+        if self.mamba_enabled and self.mamba_step <= 1:
+            fail("mamba_step", "must be > 1 (the Mamba/attention layer pattern needs it)")
+        if self.num_attention_heads % self.num_key_value_heads:
+            fail("num_key_value_heads", f"must divide num_attention_heads = {self.num_attention_heads}")
+        if self.hidden_size_per_head % 2:
+            fail("hidden_size_per_head", "must be even (rotate-half RoPE)")
+        if self.mamba_d_conv < 2:
+            fail("mamba_d_conv", "must be >= 2")
+        if self.rms_norm_eps <= 0:
+            fail("rms_norm_eps", "must be > 0")
+        if self.attention_window_size <= 0:
+            fail("attention_window_size", "must be > 0")
+        if self.rope_theta <= 0:
+            fail("rope_theta", "must be > 0")
+        if self.mamba_chunk_size <= 0:
+            fail("mamba_chunk_size", "must be > 0")
+        bad = [i for i in self.full_attention_idx if not 0 <= i < self.num_hidden_layers]
+        if bad:
+            fail("full_attention_idx", f"layer(s) {bad} out of range 0..{self.num_hidden_layers - 1}")
+
+
+def _int(raw: dict[str, Any], key: str, source: str, name: str | None = None) -> int:
+    value = raw[key]
+    if isinstance(value, bool) or not isinstance(value, int):
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        raise ConfigError(f"{source}: {name or key} = {value!r}: must be an integer")
+    return value

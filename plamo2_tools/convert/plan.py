@@ -1,0 +1,147 @@
+"""The conversion plan: every output file, its header and the byte offset of every tensor, worked
+out from the source headers and config alone before a single payload byte is written."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .. import __version__
+from ..errors import UserError
+from ..safetensors_io import FileLayout, plan_file
+from .layout import Mapping, OutputTensor, make_mapping, rank_tensors
+from .manifest import FORMAT_VERSION, dtype_name, file_name
+from .sources import Source
+
+OUT_DTYPES = {"auto": None, "bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+DEFAULT_MAX_PART_SIZE = 5 * 2**30
+
+
+@dataclass(frozen=True)
+class FilePlan:
+    name: str
+    rank: int
+    part: int
+    tensors: tuple[OutputTensor, ...]
+    layout: FileLayout
+
+
+@dataclass(frozen=True)
+class Plan:
+    mapping: Mapping
+    out_dtype: torch.dtype | None
+    max_part_size: int
+    files: tuple[FilePlan, ...]
+    fingerprint: str
+
+    @property
+    def units(self) -> list[list[FilePlan]]:
+        """Files written together: the TP ranks of one (PP stage, part), in stage order, so a
+        stage's files are finished (and survive an interruption) before the next stage starts."""
+        groups: dict[tuple[int, int], list[FilePlan]] = {}
+        for f in self.files:
+            groups.setdefault((f.rank // self.mapping.tp, f.part), []).append(f)
+        return [groups[k] for k in sorted(groups)]
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(f.layout.size for f in self.files)
+
+    @property
+    def payload_bytes(self) -> int:
+        return sum(t.nbytes for f in self.files for t in f.tensors)
+
+    def rank_files(self, rank: int) -> list[str]:
+        return [f.name for f in self.files if f.rank == rank]
+
+
+def parse_size(text: str) -> int:
+    """'5GiB', '500MB', '1e9', '4096' -> bytes."""
+    units = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+             "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}  # fmt: skip
+    s = text.strip().lower().replace(" ", "")
+    number = s.rstrip("kmgtib")
+    try:
+        value = int(float(number) * units[s[len(number) :]])
+    except (ValueError, KeyError):
+        raise UserError(f"cannot read size {text!r} (examples: 5GiB, 500MB, 1000000)") from None
+    if value <= 0:
+        raise UserError(f"size {text!r} must be positive")
+    return value
+
+
+def _split_parts(tensors: list[OutputTensor], max_part_size: int) -> list[list[OutputTensor]]:
+    """Greedy in key order, like vLLM's save_sharded_state."""
+    parts: list[list[OutputTensor]] = [[]]
+    size = 0
+    for t in tensors:
+        if parts[-1] and size + t.nbytes > max_part_size:
+            parts.append([])
+            size = 0
+        parts[-1].append(t)
+        size += t.nbytes
+    return parts
+
+
+def fingerprint(source: Source, mapping: Mapping, out_dtype: torch.dtype | None, max_part_size: int) -> str:
+    """Identifies (input, options, tool version): resume and 'already done' compare it."""
+    inputs = []
+    for path in source.input_files() + [source.path / "config.json"]:
+        st = path.stat()
+        inputs.append([path.name, st.st_size, st.st_mtime_ns])
+    key = {
+        "version": __version__,
+        "format_version": FORMAT_VERSION,
+        "inputs": inputs,
+        "config_sha256": hashlib.sha256((source.path / "config.json").read_bytes()).hexdigest(),
+        "tp": mapping.tp,
+        "pp": mapping.pp,
+        "stages": mapping.stages,
+        "dtype": dtype_name(out_dtype) if out_dtype else "auto",
+        "max_part_size": max_part_size,
+    }
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
+
+
+def make_plan(
+    source: Source,
+    tp: int,
+    pp: int,
+    pp_layers: list[int] | None = None,
+    dtype: str = "auto",
+    max_part_size: int = DEFAULT_MAX_PART_SIZE,
+) -> Plan:
+    if dtype not in OUT_DTYPES:
+        raise UserError(f"unknown --dtype {dtype!r}; choose one of: {', '.join(OUT_DTYPES)}")
+    out_dtype = OUT_DTYPES[dtype]
+    mapping = make_mapping(source.config, tp, pp, pp_layers)
+    src_dtypes = {n: t.dtype for n, t in source.tensors.items()}
+    files = []
+    for rank in range(mapping.world_size):
+        tp_rank, pp_rank = mapping.ranks(rank)
+        meta = {
+            "format": "pt",
+            "plamo2_tools_version": __version__,
+            "tp_rank": str(tp_rank),
+            "tp_size": str(mapping.tp),
+            "pp_rank": str(pp_rank),
+            "pp_size": str(mapping.pp),
+        }
+        tensors = rank_tensors(source.config, src_dtypes, mapping, rank, out_dtype)
+        for part, group in enumerate(_split_parts(tensors, max_part_size)):
+            layout = plan_file([(t.key, t.dtype, t.shape) for t in group], meta)
+            files.append(FilePlan(file_name(rank, part), rank, part, tuple(group), layout))
+    return Plan(mapping, out_dtype, max_part_size, tuple(files), fingerprint(source, mapping, out_dtype, max_part_size))
+
+
+def output_path_problems(source_path: Path, out: Path) -> list[str]:
+    src, dst = source_path.resolve(), out.resolve()
+    if src == dst:
+        return [f"output {out} is the source directory; choose another one"]
+    if src in dst.parents:
+        return [f"output {out} is inside the source directory; choose another one"]
+    return []

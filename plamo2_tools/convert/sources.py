@@ -1,0 +1,189 @@
+"""What convert and merge read from: an HF checkpoint, or a shard directory made by this tool seen
+as the HF checkpoint it came from (so shards can be resharded without the original)."""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import torch
+
+from ..checkpoint import HFCheckpoint
+from ..config import Plamo2Config
+from ..errors import CheckpointError, UserError
+from ..safetensors_io import TensorInfo, read_header, read_rows
+from .layout import invert_transforms
+from .manifest import MANIFEST_NAME, Manifest, load_manifest, parse_dtype
+
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".partial", ".tmp")
+NOT_COPIED = ("model.safetensors.index.json", MANIFEST_NAME)
+
+
+@dataclass(frozen=True)
+class SourceTensor:
+    name: str
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+
+    @property
+    def rows(self) -> int:
+        return self.shape[0]
+
+    @property
+    def row_bytes(self) -> int:
+        return math.prod(self.shape[1:]) * torch.empty((), dtype=self.dtype).element_size()
+
+
+class Source(Protocol):
+    path: Path
+    config: Plamo2Config
+    kind: str  # "hf" | "shards"
+
+    @property
+    def tensors(self) -> dict[str, SourceTensor]: ...
+
+    def read_rows(self, name: str, start: int, stop: int) -> torch.Tensor: ...
+
+    def input_files(self) -> list[Path]: ...
+
+    def read_order(self, names: list[str]) -> list[str]: ...
+
+    def close(self) -> None: ...
+
+
+def side_files(directory: Path) -> list[Path]:
+    """Config, tokenizer, remote code ...: every plain file that is not weights or our bookkeeping."""
+    return sorted(
+        p
+        for p in directory.iterdir()
+        if p.is_file()
+        and not p.name.endswith(WEIGHT_SUFFIXES)
+        and p.name not in NOT_COPIED
+        and not p.name.startswith(".")
+    )
+
+
+class HFSource:
+    kind = "hf"
+
+    def __init__(self, path: Path) -> None:
+        self.ckpt = HFCheckpoint(path)
+        self.ckpt.check_inventory()
+        self.path = self.ckpt.path
+        self.config = self.ckpt.config
+        self._tensors = {n: SourceTensor(n, i.dtype, i.shape) for n, i in self.ckpt.tensors.items()}
+
+    @property
+    def tensors(self) -> dict[str, SourceTensor]:
+        return self._tensors
+
+    def read_rows(self, name: str, start: int, stop: int) -> torch.Tensor:
+        return self.ckpt.read_rows(name, start, stop)
+
+    def input_files(self) -> list[Path]:
+        return [f.path for f in self.ckpt.files]
+
+    def read_order(self, names: list[str]) -> list[str]:
+        """File order, then offset order: sequential reads."""
+        files = {f.path: i for i, f in enumerate(self.ckpt.files)}
+
+        def key(n: str) -> tuple[int, int]:
+            return files[self.ckpt.file_of(n).path], self.ckpt.tensors[n].offset
+
+        return sorted(names, key=key)
+
+    def close(self) -> None:
+        self.ckpt.close()
+
+
+class ShardSource:
+    """A shard directory presented as its HF checkpoint: each HF tensor is rebuilt from the pieces
+    the manifest records, with the value transforms inverted."""
+
+    kind = "shards"
+
+    def __init__(self, path: Path) -> None:
+        self.manifest: Manifest = load_manifest(path)
+        self.path = path
+        self.config = self.manifest.config
+        self._headers: dict[str, dict[str, TensorInfo]] = {}
+        self._fds: dict[str, int] = {}
+        # For every HF tensor: (piece, rank file, key, row offset in the output tensor, entry).
+        self._pieces: dict[str, list] = {}
+        seen: set[tuple] = set()
+        for rank in sorted(self.manifest.entries):
+            for entry in self.manifest.entries[rank].values():
+                offset = 0
+                for piece in entry.tensor.pieces:
+                    rows = entry.tensor.shape[0] if piece.dim == 1 else piece.length
+                    if piece.source is not None and (piece, entry.tensor.source) not in seen:
+                        seen.add((piece, entry.tensor.source))
+                        self._pieces.setdefault(piece.source, []).append((piece, entry, offset))
+                    offset += rows
+        self._tensors: dict[str, SourceTensor] = {}
+        for name, rec in self.manifest.source_tensors.items():
+            dtype = parse_dtype(rec["dtype"])
+            shard_dtypes = {
+                e.tensor.dtype for _, e, _ in self._pieces.get(name, []) if not any(t.name == "neg_exp_f32" for t in e.tensor.transforms)
+            }
+            # Precision cannot come back: a tensor cast on the way in stays in the cast dtype.
+            if len(shard_dtypes) == 1:
+                dtype = shard_dtypes.pop()
+            self._tensors[name] = SourceTensor(name, dtype, tuple(rec["shape"]))
+
+    @property
+    def tensors(self) -> dict[str, SourceTensor]:
+        return self._tensors
+
+    def _file(self, name: str) -> tuple[int, dict[str, TensorInfo]]:
+        if name not in self._fds:
+            path = self.path / name
+            if not path.is_file():
+                raise CheckpointError(f"{path}: listed in the manifest but missing")
+            header = read_header(path)
+            self._headers[name] = header.tensors
+            self._fds[name] = os.open(path, os.O_RDONLY)
+        return self._fds[name], self._headers[name]
+
+    def read_rows(self, name: str, start: int, stop: int) -> torch.Tensor:
+        src = self._tensors[name]
+        out = torch.zeros((stop - start, *src.shape[1:]), dtype=src.dtype)
+        for piece, entry, offset in self._pieces.get(name, []):
+            fd, infos = self._file(entry.file)
+            info = infos[entry.tensor.key]
+            if piece.dim == 0:
+                lo, hi = max(start, piece.start), min(stop, piece.start + piece.length)
+                if lo >= hi:
+                    continue
+                first = offset + lo - piece.start
+                rows = read_rows(fd, info, first, first + hi - lo, self.path / entry.file)
+                out[lo - start : hi - start] = invert_transforms(rows, entry.tensor.transforms, src.dtype)
+            else:
+                rows = read_rows(fd, info, start, stop, self.path / entry.file)
+                out[:, piece.start : piece.start + piece.length] = invert_transforms(
+                    rows, entry.tensor.transforms, src.dtype
+                )
+        return out
+
+    def input_files(self) -> list[Path]:
+        return [self.path / f for f in sorted(self.manifest.files)]
+
+    def read_order(self, names: list[str]) -> list[str]:
+        return sorted(names)
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+
+
+def open_source(path: str | Path) -> Source:
+    path = Path(path)
+    if not path.is_dir():
+        raise UserError(f"{path}: not a directory")
+    if (path / MANIFEST_NAME).exists():
+        return ShardSource(path)
+    return HFSource(path)

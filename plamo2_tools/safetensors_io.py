@@ -1,0 +1,276 @@
+"""Streaming safetensors I/O: header parsing with full validation, exact byte-range reads, and a
+writer that lays the header out first and fills payloads in place.
+
+Why our own reader/writer next to the `safetensors` package: `save_file` needs every tensor of a
+file in memory at once and `safe_open` mmaps whole files, while convert must read row ranges and
+write every rank's slice with memory bounded by one chunk (conversion-notes.md section 3).  Every
+file we write is re-opened with `safetensors.safe_open` in the tests, so the library stays the
+judge of the format.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .errors import CheckpointError, EnvironmentLimitError
+
+DTYPES: dict[str, torch.dtype] = {
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+    "F8_E4M3": torch.float8_e4m3fn,
+    "F8_E5M2": torch.float8_e5m2,
+}
+DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
+MAX_HEADER_BYTES = 100_000_000  # the safetensors library's own limit
+
+
+def dtype_size(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    offset: int  # absolute byte offset of the payload in the file
+    nbytes: int
+
+    @property
+    def row_bytes(self) -> int:
+        """Bytes of one index along dim 0 (a 0-d or 1-d tensor has rows of one element)."""
+        return dtype_size(self.dtype) * math.prod(self.shape[1:])
+
+    @property
+    def rows(self) -> int:
+        return self.shape[0] if self.shape else 1
+
+
+@dataclass(frozen=True)
+class SafetensorsFile:
+    path: Path
+    tensors: dict[str, TensorInfo]
+    metadata: dict[str, str]
+    data_start: int
+    size: int
+
+
+def read_header(path: str | Path) -> SafetensorsFile:
+    """Parse and validate a safetensors header; every problem is one CheckpointError line."""
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            prefix = f.read(8)
+            if len(prefix) < 8:
+                raise CheckpointError(f"{path}: truncated ({size} bytes): not a safetensors file")
+            (n,) = struct.unpack("<Q", prefix)
+            if n > MAX_HEADER_BYTES:
+                raise CheckpointError(f"{path}: corrupt header (claims {n} header bytes)")
+            if 8 + n > size:
+                raise CheckpointError(
+                    f"{path}: truncated: header claims {n} bytes but the file has {size - 8} after the length"
+                )
+            raw = f.read(n)
+    except OSError as e:
+        raise CheckpointError(f"{path}: cannot read ({e.strerror or e})") from None
+    if not raw.lstrip(b" ").startswith(b"{"):
+        raise CheckpointError(f"{path}: corrupt header (does not start with '{{')")
+    try:
+        header = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{path}: corrupt header (not JSON: {e})") from None
+    if not isinstance(header, dict):
+        raise CheckpointError(f"{path}: corrupt header (not a JSON object)")
+    metadata = header.pop("__metadata__", None) or {}
+    data_start = 8 + n
+    tensors: dict[str, TensorInfo] = {}
+    for name, entry in header.items():
+        try:
+            dtype = DTYPES[entry["dtype"]]
+            shape = tuple(int(s) for s in entry["shape"])
+            begin, end = (int(o) for o in entry["data_offsets"])
+        except (KeyError, TypeError, ValueError):
+            raise CheckpointError(f"{path}: corrupt header entry for {name!r}: {entry!r}") from None
+        nbytes = dtype_size(dtype) * math.prod(shape)
+        if end - begin != nbytes or begin < 0:
+            raise CheckpointError(
+                f"{path}: tensor {name!r}: data_offsets [{begin}, {end}) do not match "
+                f"{DTYPE_NAMES[dtype]} {list(shape)} ({nbytes} bytes)"
+            )
+        tensors[name] = TensorInfo(name, dtype, shape, data_start + begin, nbytes)
+    # The format requires the buffer to be fully indexed: contiguous, no holes, no overlap.
+    cursor = data_start
+    for info in sorted(tensors.values(), key=lambda t: t.offset):
+        if info.offset != cursor:
+            raise CheckpointError(
+                f"{path}: corrupt: tensor {info.name!r} starts at byte {info.offset - data_start}, "
+                f"expected {cursor - data_start} (hole or overlap)"
+            )
+        cursor += info.nbytes
+    if cursor != size:
+        what = "truncated" if cursor > size else "corrupt"
+        raise CheckpointError(
+            f"{path}: {what}: tensors need {cursor} bytes but the file has {size}"
+        )
+    return SafetensorsFile(path, tensors, metadata, data_start, size)
+
+
+def pread_exact(fd: int, nbytes: int, offset: int, path: Path | str = "") -> bytearray:
+    buf = bytearray(nbytes)
+    view = memoryview(buf)
+    done = 0
+    while done < nbytes:
+        got = os.preadv(fd, [view[done:]], offset + done)
+        if got == 0:
+            raise CheckpointError(f"{path}: truncated while reading (file shrank?)")
+        done += got
+    return buf
+
+
+def read_rows(fd: int, info: TensorInfo, start: int, stop: int, path: Path | str = "") -> torch.Tensor:
+    """Rows [start, stop) of a tensor (dim 0), as a fresh CPU tensor."""
+    nrows = stop - start
+    buf = pread_exact(fd, nrows * info.row_bytes, info.offset + start * info.row_bytes, path)
+    shape = (nrows, *info.shape[1:]) if info.shape else ()
+    if not buf:
+        return torch.empty(shape, dtype=info.dtype)
+    return torch.frombuffer(buf, dtype=info.dtype).reshape(shape)
+
+
+def tensor_bytes(t: torch.Tensor) -> memoryview:
+    """The raw little-endian bytes of a contiguous CPU tensor, without a copy."""
+    t = t.contiguous()
+    return memoryview(t.reshape(-1).view(torch.uint8).numpy()) if t.numel() else memoryview(b"")
+
+
+@dataclass(frozen=True)
+class FileLayout:
+    """Where each tensor of a file we are about to write will live."""
+
+    header: bytes  # 8-byte length + JSON, padded to 8 bytes
+    offsets: dict[str, int]  # absolute payload offset per tensor
+    nbytes: dict[str, int]
+    size: int
+
+
+def plan_file(
+    entries: list[tuple[str, torch.dtype, tuple[int, ...]]], metadata: dict[str, str]
+) -> FileLayout:
+    """Deterministic layout: wider dtypes first (natural alignment), then by name; JSON keys sorted."""
+    order = sorted(entries, key=lambda e: (-dtype_size(e[1]), e[0]))
+    header: dict[str, object] = {"__metadata__": dict(sorted(metadata.items()))}
+    rel: dict[str, int] = {}
+    nbytes: dict[str, int] = {}
+    cursor = 0
+    for name, dtype, shape in order:
+        n = dtype_size(dtype) * math.prod(shape)
+        header[name] = {"dtype": DTYPE_NAMES[dtype], "shape": list(shape), "data_offsets": [cursor, cursor + n]}
+        rel[name], nbytes[name] = cursor, n
+        cursor += n
+    text = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
+    text += b" " * (-(len(text) + 8) % 8)
+    prefix = struct.pack("<Q", len(text)) + text
+    return FileLayout(prefix, {k: len(prefix) + v for k, v in rel.items()}, nbytes, len(prefix) + cursor)
+
+
+class PartialFile:
+    """A file written under `<name>.partial`, renamed into place only when complete."""
+
+    def __init__(self, path: Path, layout: FileLayout) -> None:
+        self.path = path
+        self.partial = path.with_name(path.name + ".partial")
+        self.layout = layout
+        self.fd = os.open(self.partial, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            _allocate(self.fd, layout.size, self.partial)
+            self.write_at(0, layout.header)
+        except BaseException:
+            self.abort()
+            raise
+
+    def write_at(self, offset: int, data: bytes | memoryview) -> None:
+        view = memoryview(data).cast("B")
+        done = 0
+        while done < len(view):
+            try:
+                done += os.pwrite(self.fd, view[done:], offset + done)
+            except OSError as e:
+                raise _env_error(e, self.partial) from None
+
+    def sync(self) -> None:
+        """Flush the payload to disk and close; the file keeps its .partial name."""
+        try:
+            os.fsync(self.fd)
+        except OSError as e:
+            raise _env_error(e, self.partial) from None
+        os.close(self.fd)
+        self.fd = -1
+
+    def commit(self) -> None:
+        """Rename into place (after sync) and fsync the directory."""
+        if self.fd >= 0:
+            self.sync()
+        os.replace(self.partial, self.path)
+        fsync_dir(self.path.parent)
+
+    def abort(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+        self.partial.unlink(missing_ok=True)
+
+
+def _allocate(fd: int, size: int, path: Path) -> None:
+    """Reserve the whole file now, so a full disk shows up before any payload is written."""
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as e:
+        if e.errno in (95, 22):  # EOPNOTSUPP / EINVAL: the filesystem cannot preallocate
+            os.ftruncate(fd, size)
+        else:
+            raise _env_error(e, path) from None
+
+
+def _env_error(e: OSError, path: Path) -> EnvironmentLimitError:
+    if e.errno == 28:
+        return EnvironmentLimitError(f"{path}: no space left on device")
+    return EnvironmentLimitError(f"{path}: {e.strerror or e}")
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write a small file through a temporary name, fsync and rename (used for manifests)."""
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise _env_error(e, path) from None
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
