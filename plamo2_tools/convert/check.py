@@ -1,0 +1,207 @@
+"""`plamo2-tools check`: structural verification of a shard directory without running the model.
+
+Checks, each reported as one line per problem:
+  files      every listed file exists, has the recorded size and sha256, opens with safetensors
+  headers    metadata says format=pt and the right tp/pp ranks; keys, shapes, dtypes are exactly
+             what the layout plans for this config and split (nothing missing, nothing extra)
+  tensors    every tensor's sha256 matches the manifest
+  replicas   tensors cut from the same pieces on different ranks are byte-identical
+  padding    vocab padding rows are zero
+  coverage   the pieces of each source tensor cover it exactly once (replicas aside)
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import safetensors
+import torch
+
+from ..digest import sha256_file
+from ..safetensors_io import read_header
+from .layout import OutputTensor, rank_tensors
+from .manifest import Manifest, load_manifest, parse_dtype
+
+
+@dataclass
+class CheckReport:
+    path: Path
+    checks: dict[str, list[str]] = field(default_factory=dict)  # check name -> problems
+
+    @property
+    def ok(self) -> bool:
+        return not any(self.checks.values())
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"path": str(self.path), "ok": self.ok, "checks": self.checks}
+
+
+def check_shards(path: str | Path, progress: Callable[[int], None] | None = None) -> CheckReport:
+    path = Path(path)
+    m = load_manifest(path)
+    report = CheckReport(path)
+    report.checks["config"] = _check_config(m)
+    report.checks["files"], digests = _check_files(m, progress)
+    report.checks["headers"] = _check_headers(m)
+    report.checks["tensors"] = [
+        f"rank {rank}: {key}: sha256 differs from the manifest"
+        for rank, entries in m.entries.items()
+        for key, e in entries.items()
+        if e.file in digests and digests[e.file].get(key) not in (None, e.sha256)
+    ]
+    report.checks["replicas"] = _check_replicas(m)
+    report.checks["padding"] = _check_padding(m)
+    report.checks["coverage"] = _check_coverage(m)
+    return report
+
+
+def _check_config(m: Manifest) -> list[str]:
+    digest = hashlib.sha256((m.path / "config.json").read_bytes()).hexdigest()
+    if digest != m.raw["source"]["config_sha256"]:
+        return ["config.json differs from the one the shards were converted with"]
+    return []
+
+
+def _check_files(m: Manifest, progress: Callable[[int], None] | None) -> tuple[list[str], dict[str, dict[str, str]]]:
+    problems: list[str] = []
+    digests: dict[str, dict[str, str]] = {}
+    for name, rec in sorted(m.files.items()):
+        p = m.path / name
+        if not p.is_file():
+            problems.append(f"{name}: missing")
+            continue
+        if p.stat().st_size != rec["size"]:
+            problems.append(f"{name}: size {p.stat().st_size} != {rec['size']} in the manifest (truncated or replaced)")
+            continue
+        try:
+            with safetensors.safe_open(str(p), "pt") as f:
+                f.keys()
+            header = read_header(p)
+        except Exception as e:  # noqa: BLE001 - any failure to open is the finding
+            problems.append(f"{name}: does not open as safetensors ({e})")
+            continue
+        ranges = {k: (t.offset, t.offset + t.nbytes) for k, t in header.tensors.items()}
+        whole, digests[name] = sha256_file(p, ranges)
+        if progress:
+            progress(rec["size"])
+        if whole != rec["sha256"]:
+            problems.append(f"{name}: sha256 differs from the manifest")
+    return problems, digests
+
+
+def _expected(m: Manifest) -> dict[int, list[OutputTensor]]:
+    src_dtypes = {n: parse_dtype(r["dtype"]) for n, r in m.source_tensors.items()}
+    dtype = m.raw["options"]["dtype"]
+    out_dtype = None if dtype == "auto" else parse_dtype(dtype)
+    return {r: rank_tensors(m.config, src_dtypes, m.mapping, r, out_dtype) for r in range(m.mapping.world_size)}
+
+
+def _check_headers(m: Manifest) -> list[str]:
+    problems = []
+    expected = _expected(m)
+    for rank in range(m.mapping.world_size):
+        tp_rank, pp_rank = m.mapping.ranks(rank)
+        found: dict[str, tuple[str, torch.dtype, tuple[int, ...]]] = {}
+        for fname in m.rank_files(rank):
+            p = m.path / fname
+            if not p.is_file():
+                continue
+            try:
+                header = read_header(p)
+            except Exception as e:  # noqa: BLE001
+                problems.append(f"{fname}: {e}")
+                continue
+            meta = header.metadata
+            want = {"format": "pt", "tp_rank": str(tp_rank), "pp_rank": str(pp_rank),
+                    "tp_size": str(m.mapping.tp), "pp_size": str(m.mapping.pp)}  # fmt: skip
+            bad = {k: meta.get(k) for k, v in want.items() if meta.get(k) != v}
+            if bad:
+                problems.append(f"{fname}: metadata {bad} should be {({k: want[k] for k in bad})}")
+            for key, info in header.tensors.items():
+                if key in found:
+                    problems.append(f"rank {rank}: {key} appears in {found[key][0]} and {fname}")
+                found[key] = (fname, info.dtype, info.shape)
+        planned = {t.key: t for t in expected[rank]}
+        for key in sorted(set(planned) - set(found)):
+            problems.append(f"rank {rank}: missing {key}")
+        for key in sorted(set(found) - set(planned)):
+            problems.append(f"rank {rank}: unexpected {key}")
+        for key in sorted(set(found) & set(planned)):
+            fname, dtype, shape = found[key]
+            t = planned[key]
+            if (dtype, shape) != (t.dtype, t.shape):
+                problems.append(f"rank {rank}: {key} is {dtype} {list(shape)}, planned {t.dtype} {list(t.shape)}")
+            elif m.entries.get(rank, {}).get(key) is None or m.entries[rank][key].tensor.pieces != t.pieces:
+                problems.append(f"rank {rank}: {key}: manifest pieces differ from the layout")
+    return problems
+
+
+def _check_replicas(m: Manifest) -> list[str]:
+    groups: dict[tuple, list[tuple[int, str, str]]] = {}
+    for rank, entries in m.entries.items():
+        for key, e in entries.items():
+            sig = (e.tensor.source, e.tensor.pieces, e.tensor.transforms, e.tensor.dtype)
+            groups.setdefault(sig, []).append((rank, key, e.sha256))
+    return [
+        f"{members[0][1]}: replicas differ across ranks {[r for r, _, _ in members]}"
+        for members in groups.values()
+        if len({h for _, _, h in members}) > 1
+    ]
+
+
+def _check_padding(m: Manifest) -> list[str]:
+    problems = []
+    for rank, entries in m.entries.items():
+        for key, e in entries.items():
+            t = e.tensor
+            row = 0
+            for p in t.pieces:
+                rows = t.shape[0] if p.dim == 1 else p.length
+                if p.source is None:
+                    with safetensors.safe_open(str(m.path / e.file), "pt") as f:
+                        pad = f.get_slice(key)[row : row + rows]
+                    if torch.count_nonzero(pad):
+                        problems.append(f"rank {rank}: {key}: vocab padding rows {row}..{row + rows - 1} are not zero")
+                row += rows
+    return problems
+
+
+def _check_coverage(m: Manifest) -> list[str]:
+    """Each source row (dim-0 pieces) or column (dim-1 pieces) is taken exactly once, counting
+    identical pieces on several ranks (replicas) once."""
+    used: dict[str, set] = {}
+    for entries in m.entries.values():
+        for e in entries.values():
+            for p in e.tensor.pieces:
+                if p.source is not None:
+                    used.setdefault(p.source, set()).add(p)
+    problems = []
+    cfg = m.config
+    for name, rec in m.source_tensors.items():
+        pieces = used.get(name, set())
+        if not pieces:
+            problems.append(f"{name}: not used by any rank")
+            continue
+        dims = {p.dim for p in pieces}
+        if len(dims) != 1:
+            problems.append(f"{name}: split along both dims")
+            continue
+        dim = dims.pop()
+        size = rec["shape"][dim]
+        if name == "lm_head.weight":
+            size = cfg.vocab_size  # HF's rows beyond V (rounded to 16) are not part of the model
+        count = [0] * size
+        for p in {(p.start, p.length) for p in pieces}:
+            for i in range(p[0], min(p[0] + p[1], size)):
+                count[i] += 1
+        holes = [i for i, c in enumerate(count) if c == 0]
+        twice = [i for i, c in enumerate(count) if c > 1]
+        if holes:
+            problems.append(f"{name}: {len(holes)} {'rows' if dim == 0 else 'columns'} never taken (first {holes[0]})")
+        if twice:
+            problems.append(f"{name}: {len(twice)} {'rows' if dim == 0 else 'columns'} taken twice (first {twice[0]})")
+    return problems

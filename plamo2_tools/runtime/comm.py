@@ -1,0 +1,198 @@
+"""The collectives a rank needs, behind one small interface with two implementations:
+
+- `DistComm`: real ranks under torchrun, torch.distributed (gloo on CPU, NCCL on GPU);
+- `LocalComm`: every rank a thread of one process; all-reduce sums the TP ranks' partial results
+  in rank order, so the one-process run is the same SPMD program with the same kernels.
+
+Only four operations are needed: TP all-reduce (after row-parallel projections and the
+vocab-parallel embedding), TP all-gather (vocab-parallel logits), the PP hand-over of
+(hidden, residual) to the next stage, and a broadcast from the last stage (sampled tokens, logits).
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+import torch.distributed as dist
+
+Tensor = torch.Tensor
+
+
+@dataclass(frozen=True)
+class RankInfo:
+    rank: int
+    tp: int
+    pp: int
+
+    @property
+    def tp_rank(self) -> int:
+        return self.rank % self.tp
+
+    @property
+    def pp_rank(self) -> int:
+        return self.rank // self.tp
+
+    @property
+    def world_size(self) -> int:
+        return self.tp * self.pp
+
+    @property
+    def is_first_stage(self) -> bool:
+        return self.pp_rank == 0
+
+    @property
+    def is_last_stage(self) -> bool:
+        return self.pp_rank == self.pp - 1
+
+    @property
+    def last_stage_root(self) -> int:
+        """The rank that broadcasts results: TP rank 0 of the last stage."""
+        return (self.pp - 1) * self.tp
+
+
+class Comm(Protocol):
+    info: RankInfo
+
+    def all_reduce(self, x: Tensor) -> Tensor: ...
+
+    def all_gather(self, x: Tensor, dim: int) -> Tensor: ...
+
+    def send_next(self, tensors: list[Tensor]) -> None: ...
+
+    def recv_prev(self, like: list[Tensor]) -> list[Tensor]: ...
+
+    def broadcast_from_last(self, x: Tensor) -> Tensor: ...
+
+    def barrier(self) -> None: ...
+
+
+class DistComm:
+    """torch.distributed; the caller has run init_process_group (see runtime.launch)."""
+
+    def __init__(self, info: RankInfo) -> None:
+        self.info = info
+        self.tp_group = None
+        for stage in range(info.pp):  # new_group is collective: every rank creates every group
+            group = dist.new_group(list(range(stage * info.tp, (stage + 1) * info.tp)))
+            if stage == info.pp_rank:
+                self.tp_group = group
+
+    def all_reduce(self, x: Tensor) -> Tensor:
+        if self.info.tp > 1:
+            dist.all_reduce(x, group=self.tp_group)
+        return x
+
+    def all_gather(self, x: Tensor, dim: int) -> Tensor:
+        if self.info.tp == 1:
+            return x
+        parts = [torch.empty_like(x) for _ in range(self.info.tp)]
+        dist.all_gather(parts, x.contiguous(), group=self.tp_group)
+        return torch.cat(parts, dim=dim)
+
+    def send_next(self, tensors: list[Tensor]) -> None:
+        for t in tensors:
+            dist.send(t.contiguous(), self.info.rank + self.info.tp)
+
+    def recv_prev(self, like: list[Tensor]) -> list[Tensor]:
+        out = []
+        for t in like:
+            buf = torch.empty_like(t)
+            dist.recv(buf, self.info.rank - self.info.tp)
+            out.append(buf)
+        return out
+
+    def broadcast_from_last(self, x: Tensor) -> Tensor:
+        if self.info.world_size > 1:
+            x = x.contiguous()
+            dist.broadcast(x, self.info.last_stage_root)
+        return x
+
+    def barrier(self) -> None:
+        if self.info.world_size > 1:
+            dist.barrier()
+
+
+class LocalWorld:
+    """Shared state of the thread ranks of one process."""
+
+    TIMEOUT = float(os.environ.get("PLAMO2_LOCAL_COMM_TIMEOUT", "600"))
+
+    def __init__(self, tp: int, pp: int) -> None:
+        self.tp, self.pp = tp, pp
+        self.tp_barriers = [threading.Barrier(tp) for _ in range(pp)]
+        self.world_barrier = threading.Barrier(tp * pp)
+        self.slots: list[Tensor | None] = [None] * (tp * pp)
+        self.pipes = {r: queue.Queue() for r in range(tp * pp)}
+        self.failed = threading.Event()
+
+    def abort(self) -> None:
+        """One rank failed: release every other rank from its wait."""
+        self.failed.set()
+        for b in [*self.tp_barriers, self.world_barrier]:
+            b.abort()
+
+
+class LocalComm:
+    def __init__(self, world: LocalWorld, rank: int) -> None:
+        self.world = world
+        self.info = RankInfo(rank, world.tp, world.pp)
+
+    def _tp_wait(self) -> None:
+        self.world.tp_barriers[self.info.pp_rank].wait(LocalWorld.TIMEOUT)
+
+    def _tp_peers(self) -> list[Tensor]:
+        first = self.info.pp_rank * self.info.tp
+        return [self.world.slots[r] for r in range(first, first + self.info.tp)]  # type: ignore[misc]
+
+    def all_reduce(self, x: Tensor) -> Tensor:
+        if self.info.tp == 1:
+            return x
+        self.world.slots[self.info.rank] = x
+        self._tp_wait()
+        peers = self._tp_peers()
+        total = peers[0].clone()
+        for p in peers[1:]:  # rank order: every rank computes the identical sum
+            total += p
+        self._tp_wait()  # nobody may overwrite its slot before all have read
+        x.copy_(total)
+        return x
+
+    def all_gather(self, x: Tensor, dim: int) -> Tensor:
+        if self.info.tp == 1:
+            return x
+        self.world.slots[self.info.rank] = x
+        self._tp_wait()
+        out = torch.cat(self._tp_peers(), dim=dim)
+        self._tp_wait()
+        return out
+
+    def send_next(self, tensors: list[Tensor]) -> None:
+        self.world.pipes[self.info.rank + self.info.tp].put([t.clone() for t in tensors])
+
+    def recv_prev(self, like: list[Tensor]) -> list[Tensor]:
+        while True:
+            try:
+                return self.world.pipes[self.info.rank].get(timeout=0.5)
+            except queue.Empty:
+                if self.world.failed.is_set():
+                    raise threading.BrokenBarrierError("another rank failed") from None
+
+    def broadcast_from_last(self, x: Tensor) -> Tensor:
+        if self.info.world_size == 1:
+            return x
+        root = self.info.last_stage_root
+        if self.info.rank == root:
+            self.world.slots[root] = x
+        self.world.world_barrier.wait(LocalWorld.TIMEOUT)
+        src = self.world.slots[root]
+        out = x if self.info.rank == root else src.clone()  # type: ignore[union-attr]
+        self.world.world_barrier.wait(LocalWorld.TIMEOUT)
+        return out
+
+    def barrier(self) -> None:
+        self.world.world_barrier.wait(LocalWorld.TIMEOUT)

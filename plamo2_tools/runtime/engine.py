@@ -1,0 +1,346 @@
+"""The SPMD program every rank runs (prefill in chunks, token-by-token decode, sampling), and the
+`Runtime` that runs it: as real torchrun ranks (one rank per process) or as threads of one process.
+
+Every rank sees the same inputs and, through a broadcast from the last stage, the same sampled
+tokens, so all ranks walk the same loop in lock-step and any rank can return the results.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..config import Plamo2Config
+from ..convert.manifest import Manifest, load_manifest
+from ..errors import UserError
+from ..kernels import get_ops
+from .comm import Comm, DistComm, LocalComm, LocalWorld, RankInfo
+from .model import Batch, RankModel, load_rank_weights
+from .state import LayerState, new_states
+
+Tensor = torch.Tensor
+StopFn = Callable[[int, list[int]], bool]
+
+
+@dataclass
+class Generation:
+    tokens: list[list[int]]  # new tokens per sequence (EOS included when it stopped there)
+    logits: list[Tensor] | None = None  # per sequence (steps, V) float32, when asked for
+
+
+class RankEngine:
+    """One rank's model and the driver loop around it."""
+
+    def __init__(self, manifest: Manifest, comm: Comm, device: torch.device, backend: str, prefill_chunk: int | None) -> None:
+        info = comm.info
+        self.cfg: Plamo2Config = manifest.config
+        self.comm, self.device, self.prefill_chunk = comm, device, prefill_chunk
+        self.ops = get_ops(backend, device)
+        weights = load_rank_weights(manifest, info.rank, device)
+        self.model = RankModel(self.cfg, manifest.mapping.stages[info.pp_rank], weights, self.ops, comm)
+        self.layers = [layer.index for layer in self.model.layers]
+        attn = [layer.mixer.kv_heads for layer in self.model.layers if not layer.is_mamba]
+        self.kv_heads = attn[0] if attn else 1
+
+    # ---- building batches ----------------------------------------------------------------------
+    def _batch(self, chunks: list[list[int]], starts: list[int], decode: bool, logits_index: list[int] | None) -> Batch:
+        dev = self.device
+        lens = [len(c) for c in chunks]
+        ids = torch.tensor([t for c in chunks for t in c], dtype=torch.long, device=dev)
+        positions = torch.tensor([s + j for s, n in zip(starts, lens, strict=True) for j in range(n)], dtype=torch.long, device=dev)
+        seq_index = torch.repeat_interleave(torch.arange(len(chunks), device=dev), torch.tensor(lens, device=dev))
+        cu = torch.zeros(len(chunks) + 1, dtype=torch.int32, device=dev)
+        cu[1:] = torch.tensor(lens, device=dev).cumsum(0)
+        return Batch(
+            input_ids=ids,
+            positions=positions,
+            seq_index=seq_index,
+            cu_seqlens=cu,
+            kv_lens=torch.tensor([s + n for s, n in zip(starts, lens, strict=True)], dtype=torch.int32, device=dev),
+            has_state=torch.tensor([s > 0 for s in starts], dtype=torch.bool, device=dev),
+            decode=decode,
+            logits_index=None if logits_index is None else torch.tensor(logits_index, dtype=torch.long, device=dev),
+        )
+
+    def _states(self, batch: int, capacity: int) -> dict[int, LayerState]:
+        return new_states(self.cfg, self.layers, self.comm.info.tp, self.kv_heads, batch, capacity, self.model.dtype, self.device)
+
+    def _prefill(self, seqs: Sequence[Sequence[int]], states: dict[int, LayerState], all_logits: bool) -> Tensor | None:
+        """Run the prompts in chunks of at most `prefill_chunk` tokens per sequence.
+
+        Returns, on the last stage, float32 logits of every prompt token (packed) or of the last
+        token of each sequence; None on other stages.
+        """
+        longest = max(len(s) for s in seqs)
+        step = self.prefill_chunk or longest
+        pieces: list[tuple[list[int], Tensor]] = []  # (sequence ids, logits) per chunk
+        for start in range(0, longest, step):
+            active = [i for i, s in enumerate(seqs) if len(s) > start]
+            chunks = [list(seqs[i][start : start + step]) for i in active]
+            ends = [len(seqs[i]) <= start + step for i in active]
+            if all_logits:
+                want = list(range(sum(len(c) for c in chunks)))
+            else:  # the last prompt token of the sequences that end in this chunk
+                offsets = torch.tensor([0] + [len(c) for c in chunks]).cumsum(0).tolist()
+                want = [offsets[j + 1] - 1 for j, e in enumerate(ends) if e]
+            batch = self._batch(chunks, [start] * len(active), decode=False, logits_index=want)
+            if len(active) == len(seqs):
+                logits = self.model.forward(batch, states)
+            else:  # a subset of the batch: run it on a copy of its states
+                index = torch.tensor(active, device=self.device)
+                sub = {i: st.select(index) for i, st in states.items()}
+                logits = self.model.forward(batch, sub)
+                for i, st in states.items():
+                    st.update(index, sub[i])
+            if logits is not None:
+                owners = [active[j] for j, c in enumerate(chunks) for _ in c] if all_logits else [a for a, e in zip(active, ends, strict=True) if e]
+                pieces.append((owners, logits))
+        if not self.comm.info.is_last_stage:
+            return None
+        if all_logits:  # reorder chunk-major pieces into sequence-major packing
+            owners = torch.tensor([o for p in pieces for o in p[0]])
+            stacked = torch.cat([p[1] for p in pieces])
+            order = torch.sort(owners, stable=True).indices.to(stacked.device)
+            return stacked[order]
+        last = torch.empty(len(seqs), self.cfg.vocab_size, dtype=torch.float32, device=self.device)
+        for owners, logits in pieces:
+            last[torch.tensor(owners, device=self.device)] = logits
+        return last
+
+    def _share(self, x: Tensor | None, shape: tuple[int, ...], dtype: torch.dtype) -> Tensor:
+        """The last stage's tensor on every rank."""
+        if x is None:
+            x = torch.empty(shape, dtype=dtype, device=self.device)
+        return self.comm.broadcast_from_last(x.contiguous())
+
+    # ---- the three things callers ask for -------------------------------------------------------
+    @torch.no_grad()
+    def prompt_logits(self, seqs: Sequence[Sequence[int]]) -> list[Tensor]:
+        """float32 logits (T_i, V) of every position of every sequence, on the CPU."""
+        states = self._states(len(seqs), max(len(s) for s in seqs))
+        logits = self._share(self._prefill(seqs, states, all_logits=True), (sum(map(len, seqs)), self.cfg.vocab_size), torch.float32)
+        return [t.cpu() for t in logits.split([len(s) for s in seqs])]
+
+    @torch.no_grad()
+    def score(self, seqs: Sequence[Sequence[int]], starts: Sequence[int]) -> list[tuple[Tensor, Tensor]]:
+        """Per sequence, for positions p >= start: (log p(seq[p] | seq[:p]), seq[p] is the argmax).
+
+        Computed on the last stage so that only two numbers per token cross ranks.
+        """
+        states = self._states(len(seqs), max(len(s) for s in seqs))
+        logits = self._prefill(seqs, states, all_logits=True)
+        total = sum(len(s) - st for s, st in zip(seqs, starts, strict=True))
+        result = None
+        if logits is not None:
+            rows, targets, offset = [], [], 0
+            for s, st in zip(seqs, starts, strict=True):
+                rows += range(offset + st - 1, offset + len(s) - 1)
+                targets += s[st:]
+                offset += len(s)
+            sel = logits[torch.tensor(rows, dtype=torch.long, device=logits.device)].log_softmax(-1)
+            tgt = torch.tensor(targets, dtype=torch.long, device=logits.device)
+            logprob = sel.gather(-1, tgt[:, None])[:, 0].double()
+            greedy = (sel.argmax(-1) == tgt).double()
+            result = torch.stack([logprob, greedy], dim=1)
+        shared = self._share(result, (total, 2), torch.float64).cpu()
+        out, offset = [], 0
+        for s, st in zip(seqs, starts, strict=True):
+            part = shared[offset : offset + len(s) - st]
+            out.append((part[:, 0], part[:, 1].bool()))
+            offset += len(s) - st
+        return out
+
+    @torch.no_grad()
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        max_new_tokens: int,
+        eos_token_ids: Sequence[int] = (),
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        seed: int = 0,
+        stop: StopFn | None = None,
+        return_logits: bool = False,
+        on_token: Callable[[int, int], None] | None = None,
+    ) -> Generation:
+        """Greedy (temperature 0) or sampled continuation of every prompt.
+
+        `stop(i, tokens)` ends sequence i early (e.g. on a stop string); EOS ids end it too.  All
+        sequences run every decode step (their states never mix) until all have stopped.
+        """
+        S, V = len(prompts), self.cfg.vocab_size
+        if max_new_tokens <= 0:
+            return Generation([[] for _ in prompts], [torch.empty(0, V) for _ in prompts] if return_logits else None)
+        states = self._states(S, max(len(p) for p in prompts) + max_new_tokens)
+        logits = self._prefill(prompts, states, all_logits=False)
+        generator = torch.Generator().manual_seed(seed)
+        tokens: list[list[int]] = [[] for _ in range(S)]
+        kept: list[list[Tensor]] = [[] for _ in range(S)]
+        done = [False] * S
+        eos = set(eos_token_ids)
+        for step in range(max_new_tokens):
+            next_ids = None if logits is None else sample(logits, temperature, top_p, generator).to(self.device)
+            next_ids = self._share(next_ids, (S,), torch.long).tolist()
+            if return_logits:
+                shared = self._share(logits, (S, V), torch.float32).cpu()
+            for i in range(S):
+                if done[i]:
+                    continue
+                tokens[i].append(next_ids[i])
+                if return_logits:
+                    kept[i].append(shared[i])
+                if on_token:
+                    on_token(i, next_ids[i])
+                done[i] = next_ids[i] in eos or (stop is not None and stop(i, tokens[i]))
+            if all(done) or step == max_new_tokens - 1:
+                break
+            # Stopped sequences keep running (their outputs are ignored) so shapes stay fixed.
+            starts = [len(p) + step for p in prompts]
+            batch = self._batch([[t] for t in next_ids], starts, decode=True, logits_index=None)
+            logits = self.model.forward(batch, states)
+        return Generation(tokens, [torch.stack(k) if k else torch.empty(0, V) for k in kept] if return_logits else None)
+
+
+def sample(logits: Tensor, temperature: float, top_p: float, generator: torch.Generator) -> Tensor:
+    """Greedy for temperature 0, else temperature + nucleus sampling (same result on every rank)."""
+    if temperature <= 0:
+        return logits.argmax(-1)
+    probs = torch.softmax(logits.float().cpu() / temperature, dim=-1)
+    if top_p < 1.0:
+        sorted_p, order = probs.sort(dim=-1, descending=True)
+        keep = sorted_p.cumsum(-1) - sorted_p < top_p  # always keeps the most likely token
+        sorted_p = sorted_p * keep
+        probs = torch.zeros_like(probs).scatter_(-1, order, sorted_p)
+    return torch.multinomial(probs, 1, generator=generator)[:, 0]
+
+
+# ---- running the SPMD program -------------------------------------------------------------------
+class Runtime:
+    """A loaded shard directory; methods run on every rank and return rank-independent results."""
+
+    def __init__(
+        self,
+        shards: str | Path,
+        device: str = "cpu",
+        backend: str = "auto",
+        prefill_chunk: int | None = None,
+        mode: str = "auto",
+    ) -> None:
+        self.manifest = load_manifest(shards)
+        self.config = self.manifest.config
+        self.path = Path(shards)
+        mapping = self.manifest.mapping
+        self.mode = ("dist" if int(os.environ.get("WORLD_SIZE", "1")) > 1 else "local") if mode == "auto" else mode
+        self._tokenizer: Any = None
+        if self.mode == "dist":
+            from .launch import init_distributed
+
+            rank, world, local_device = init_distributed(device)
+            if world != mapping.world_size:
+                raise UserError(f"{shards} has {mapping.world_size} ranks (tp={mapping.tp} pp={mapping.pp}) but torchrun started {world}")
+            self.rank = rank
+            comm = DistComm(RankInfo(rank, mapping.tp, mapping.pp))
+            self.engines = [RankEngine(self.manifest, comm, local_device, backend, prefill_chunk)]
+        else:
+            self.rank = 0
+            self.world = LocalWorld(mapping.tp, mapping.pp)
+            dev = torch.device(device)
+            self.engines = [
+                RankEngine(self.manifest, LocalComm(self.world, r), dev, backend, prefill_chunk) for r in range(mapping.world_size)
+            ]
+
+    @property
+    def is_main(self) -> bool:
+        """True on the process that should print and write results (rank 0)."""
+        return self.rank == 0
+
+    def _spmd(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        if len(self.engines) == 1:
+            return getattr(self.engines[0], method)(*args, **kwargs)
+        results: list[Any] = [None] * len(self.engines)
+        errors: list[BaseException] = []
+
+        def run(r: int) -> None:
+            try:
+                results[r] = getattr(self.engines[r], method)(*args, **kwargs)
+            except BaseException as e:  # noqa: BLE001 - re-raised below
+                errors.append(e)
+                self.world.abort()
+
+        threads = [threading.Thread(target=run, args=(r,), name=f"plamo2-rank{r}") for r in range(len(self.engines))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if errors:
+            real = [e for e in errors if not isinstance(e, threading.BrokenBarrierError)]
+            raise (real or errors)[0]
+        return results[0]
+
+    def prompt_logits(self, seqs: Sequence[Sequence[int]]) -> list[Tensor]:
+        self._check(seqs)
+        return self._spmd("prompt_logits", seqs)
+
+    def score(self, seqs: Sequence[Sequence[int]], starts: Sequence[int]) -> list[tuple[Tensor, Tensor]]:
+        self._check(seqs)
+        if any(not 1 <= st <= len(s) for s, st in zip(seqs, starts, strict=True)):
+            raise ValueError("score: each start must be in [1, len(sequence)]")
+        return self._spmd("score", seqs, starts)
+
+    def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, **kwargs: Any) -> Generation:
+        self._check(prompts)
+        return self._spmd("generate", prompts, max_new_tokens, **kwargs)
+
+    def _check(self, seqs: Sequence[Sequence[int]]) -> None:
+        V = self.config.vocab_size
+        if not seqs or any(len(s) == 0 for s in seqs):
+            raise UserError("every sequence needs at least one token")
+        bad = sorted({t for s in seqs for t in s if not 0 <= t < V})
+        if bad:
+            raise UserError(f"token id(s) {bad[:5]} outside the vocabulary [0, {V})")
+
+    @property
+    def tokenizer(self) -> Any:
+        if self._tokenizer is None:
+            self._tokenizer = load_tokenizer(self.path)
+        return self._tokenizer
+
+    def close(self) -> None:
+        self.engines = []
+
+    def __enter__(self) -> Runtime:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def load_tokenizer(path: str | Path, trust_remote_code: bool = False) -> Any:
+    """The checkpoint's own tokenizer (the real PLaMo 2 one needs trust_remote_code and numba)."""
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    try:
+        return transformers.AutoTokenizer.from_pretrained(str(path), trust_remote_code=trust_remote_code)
+    except ValueError as e:
+        if "trust_remote_code" in str(e):
+            raise UserError(f"{path}: the tokenizer is remote code; pass --trust-remote-code to load it") from None
+        raise UserError(f"{path}: cannot load the tokenizer ({e})") from None
+    except OSError as e:
+        raise UserError(f"{path}: cannot load the tokenizer ({e})") from None
+
+
+@contextmanager
+def load_engine(shards: str | Path, device: str = "cpu", backend: str = "auto", **kwargs: Any):  # type: ignore[no-untyped-def]
+    runtime = Runtime(shards, device=device, backend=backend, **kwargs)
+    try:
+        yield runtime
+    finally:
+        runtime.close()

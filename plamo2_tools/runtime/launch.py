@@ -1,0 +1,63 @@
+"""Real ranks: process-group set-up under torchrun, and `launch()`, which runs a job on fresh
+torchrun ranks (`--launch` of verify and eval) and hands rank 0's result back to the caller.
+
+A job is a small JSON file naming a function of `plamo2_tools.runtime.jobs` and its arguments;
+rank 0 saves the function's return value with torch.save.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ..errors import Plamo2Error, UserError
+
+
+def init_distributed(device: str) -> tuple[int, int, torch.device]:
+    """Join the torchrun world: NCCL on GPUs (one per local rank), gloo on CPU."""
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    if device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise UserError("--device cuda but no CUDA device is visible")
+        dev = torch.device("cuda", local % torch.cuda.device_count())
+        torch.cuda.set_device(dev)
+        backend = "nccl"
+    else:
+        dev, backend = torch.device("cpu"), "gloo"
+    if not dist.is_initialized():
+        kwargs: dict[str, Any] = {"backend": backend, "timeout": datetime.timedelta(minutes=30)}
+        if backend == "nccl":
+            kwargs["device_id"] = dev
+        dist.init_process_group(**kwargs)
+    return rank, world, dev
+
+
+def launch(job: str, args: dict[str, Any], nproc: int, extra_env: dict[str, str] | None = None) -> Any:
+    """Run `jobs.<job>(**args)` on `nproc` torchrun ranks of this machine; return rank 0's result."""
+    with tempfile.TemporaryDirectory(prefix="plamo2-launch-") as tmp:
+        spec = Path(tmp) / "job.json"
+        result = Path(tmp) / "result.pt"
+        spec.write_text(json.dumps({"job": job, "args": args, "result": str(result)}))
+        cmd = [
+            sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+            "-m", "plamo2_tools.runtime.jobs", str(spec),
+        ]  # fmt: skip
+        env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), **(extra_env or {})}
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        error = Path(tmp) / "error.txt"
+        if error.exists():
+            raise Plamo2Error(error.read_text().strip())
+        if proc.returncode != 0 or not result.exists():
+            tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-15:])
+            raise Plamo2Error(f"torchrun with {nproc} ranks failed (exit {proc.returncode}):\n{tail}")
+        return torch.load(result, weights_only=False)
