@@ -30,7 +30,7 @@ from rich.progress import (
 from rich.table import Table
 
 from . import __version__
-from .errors import Plamo2Error
+from .errors import Plamo2Error, UserError
 
 app = typer.Typer(
     name="plamo2-tools",
@@ -39,8 +39,9 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-out = Console()
-err = Console(stderr=True)
+# Piped output (CI logs, files) gets wide tables instead of Rich's 80-column default.
+out = Console(width=None if sys.stdout.isatty() else 160)
+err = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -102,7 +103,7 @@ def _int_list(text: str | None, what: str) -> list[int] | None:
     try:
         return [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise typer.BadParameter(f"{what} must be comma-separated integers, got {text!r}") from None
+        raise UserError(f"{what} must be comma-separated integers, got {text!r}") from None
 
 
 # ---- synth -------------------------------------------------------------------------------------
@@ -206,7 +207,7 @@ def logits(
 
     ids = _int_list(input_ids, "--input-ids")
     if not ids:
-        raise typer.BadParameter("--input-ids needs at least one token id")
+        raise UserError("--input-ids needs at least one token id")
     if (path / MANIFEST_NAME).exists():
         from .runtime.engine import load_engine
 
@@ -218,13 +219,10 @@ def logits(
 
         dtypes = {"float64": torch.float64, "float32": torch.float32}
         if precision not in dtypes:
-            raise typer.BadParameter("--precision must be float64 or float32")
+            raise UserError("--precision must be float64 or float32")
         with HFCheckpoint(path) as ckpt:
             ckpt.check_inventory()
-            try:
-                result = reference_logits(ckpt, [ids], dtypes[precision])[0]
-            except ValueError as e:
-                raise typer.BadParameter(str(e)) from None
+            result = reference_logits(ckpt, [ids], dtypes[precision])[0]
     np.save(out_file, result.numpy())
     err.print(f"wrote logits {tuple(result.shape)} to {out_file}")
 
@@ -332,6 +330,319 @@ def _convert_summary(result: Any) -> dict[str, Any]:
         "ranks": ranks,
     }
 
+
+
+# ---- merge -------------------------------------------------------------------------------------
+@app.command()
+@handle_errors
+def merge(
+    shards: Annotated[Path, typer.Argument(help="A shard directory made by `plamo2-tools convert`.")],
+    out_dir: Annotated[Path, typer.Argument(metavar="OUT", help="Where to write the HF checkpoint.")],
+    max_part_size: Annotated[str, typer.Option(help="Largest output file, e.g. 5GiB, 500MB.")] = "5GiB",
+    force: Annotated[bool, typer.Option(help="Replace OUT if it exists and is not empty.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
+) -> None:
+    """Rebuild the Hugging Face checkpoint from shards (the inverse of convert).
+
+    Resharded tensors come back byte-identical; A and the offset norms within the rounding of their
+    transform; a dtype cast made by convert is kept (precision cannot come back).
+    """
+    import time
+
+    from .convert.merge import merge as run
+    from .convert.merge import merged_bytes
+    from .convert.plan import parse_size
+
+    limit = parse_size(max_part_size)
+    start = time.perf_counter()
+    with byte_progress(f"merge {shards}", merged_bytes(shards), enabled=not as_json) as progress:
+        names = run(shards, out_dir, max_part_size=limit, force=force, progress=progress)
+    result = {"out": str(out_dir), "files": names, "bytes": sum((out_dir / n).stat().st_size for n in names),
+              "seconds": time.perf_counter() - start}  # fmt: skip
+    if as_json:
+        print_json(result)
+    else:
+        out.print(
+            f"merged {shards} into {out_dir}: {len(names)} file(s), {result['bytes'] / 1e9:.3f} GB "
+            f"in {result['seconds']:.2f} s",
+            highlight=False,
+        )
+
+
+# ---- check -------------------------------------------------------------------------------------
+@app.command()
+@handle_errors
+def check(
+    path: Annotated[Path, typer.Argument(help="A shard directory made by `plamo2-tools convert`.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+) -> None:
+    """Verify a shard directory without running the model: files, sizes and digests, headers and
+    metadata, tensor digests, replicas, vocab padding and source coverage.  Exit 1 on a problem."""
+    from .convert.check import check_shards
+    from .convert.manifest import load_manifest
+    from .errors import CheckFailed
+
+    total = sum(f["size"] for f in load_manifest(path).files.values())
+    with byte_progress(f"check {path}", total, enabled=not as_json) as progress:
+        report = check_shards(path, progress=progress)
+    problems = sum(len(v) for v in report.checks.values())
+    if as_json:
+        print_json(report.to_dict())
+    else:
+        table = Table(title=f"check: {path}")
+        table.add_column("check")
+        table.add_column("result")
+        for name, found in report.checks.items():
+            table.add_row(name, "[green]ok[/]" if not found else f"[red]{len(found)} problem(s)[/]")
+        out.print(table)
+        for name, found in report.checks.items():
+            for line in found:
+                out.print(f"  [red]{name}[/]: {line}", highlight=False)
+    if not report.ok:
+        failed = [name for name, found in report.checks.items() if found]
+        raise CheckFailed(f"{path}: {problems} problem(s) in: {', '.join(failed)}")
+    if not as_json:
+        out.print(f"[green]ok[/]: {path} is complete and matches its manifest")
+
+
+# ---- verify / generate -------------------------------------------------------------------------
+@app.command()
+@handle_errors
+def verify(
+    shards: Annotated[list[Path], typer.Argument(help="One or more shard directories (layouts) to check.")],
+    reference: Annotated[Path, typer.Option(help="The original HF checkpoint they were converted from.")],
+    prompts: Annotated[Path | None, typer.Option(help="Prompts: text (one per line) or JSON lines with input_ids/text.")] = None,
+    random: Annotated[int, typer.Option(help="Without --prompts: this many random token prompts (8-64 tokens).")] = 4,
+    seed: Annotated[int, typer.Option(help="Seed of the random prompts.")] = 0,
+    max_new_tokens: Annotated[int, typer.Option(help="Greedy tokens compared after each prompt.")] = 32,
+    launch: Annotated[bool, typer.Option(help="Run the runtime as real torchrun ranks (gloo on CPU, NCCL on GPU).")] = False,
+    device: Annotated[str, typer.Option(help="Runtime device: cpu or cuda.")] = "cpu",
+    backend: Annotated[str, typer.Option(help="Kernels: auto (Triton on CUDA), torch or triton.")] = "auto",
+    precision: Annotated[str, typer.Option(help="Reference forward precision: float64 or float32.")] = "float64",
+    reference_device: Annotated[str, typer.Option(help="Where the reference forward runs: cpu or cuda.")] = "cpu",
+    prefill_chunk: Annotated[int | None, typer.Option(help="Prefill at most this many tokens per sequence per step.")] = None,
+    output: Annotated[Path | None, typer.Option(help="Also write the JSON result to this file.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
+) -> None:
+    """Check converted shards by running them: runtime logits and greedy tokens against the reference
+    forward of the original checkpoint, per layout.  Exit 1 when a layout fails its thresholds
+    (fp32: max relative error < 1e-4 and identical greedy tokens; bf16/fp16: see the table)."""
+    from .errors import CheckFailed
+    from .runtime.verify import prompts_from_file, random_prompts
+    from .runtime.verify import verify as run
+
+    if prompts is not None:
+        prompt_ids, source = prompts_from_file(prompts, reference), str(prompts)
+    else:
+        from .config import Plamo2Config
+
+        cfg = Plamo2Config.from_file(reference)
+        prompt_ids, source = random_prompts(random, cfg.vocab_size, seed, cfg.bos_token_id), f"random(n={random}, seed={seed})"
+    with err.status(f"verifying {len(shards)} layout(s) on {len(prompt_ids)} prompts ..."):
+        result = run(
+            shards, reference, prompt_ids, source, max_new_tokens, launch, device, backend, precision, prefill_chunk,
+            reference_device,
+        )  # fmt: skip
+    if output is not None:
+        output.write_text(json.dumps(result, indent=2) + "\n")
+    if as_json:
+        print_json(result)
+    else:
+        short = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+        table = Table(title=f"verify vs {reference} ({precision}, {len(prompt_ids)} prompts, {max_new_tokens} steps)")
+        for col in ("layout", "dtype", "max|Δ|", "rel err", "KL", "top-1", "greedy", "lp-close", "result"):
+            table.add_column(col, no_wrap=True)
+        for x in result["layouts"]:
+            m = x["metrics"]
+            table.add_row(
+                f"tp{x['tp']}×pp{x['pp']}" + ("/torchrun" if x["launch"] else ""), short.get(x["dtype"], x["dtype"]),
+                f"{m['max_abs_logit_diff']:.1e}", f"{m['max_rel_err']:.1e}", f"{m['mean_kl']:.1e}",
+                f"{m['top1_agreement']:.3f}", f"{m['greedy_match_fraction']:.3f}", "yes" if m["logprobs_close"] else "no",
+                "[green]pass[/]" if x["passed"] else "[red]FAIL[/]",
+            )  # fmt: skip
+        out.print(table)
+        for x in result["layouts"]:
+            for f in x["failures"]:
+                out.print(f"  [red]tp={x['tp']} pp={x['pp']}[/]: {f}", highlight=False)
+    if not result["passed"]:
+        raise CheckFailed(f"{sum(not x['passed'] for x in result['layouts'])} layout(s) failed verification")
+
+
+@app.command()
+@handle_errors
+def generate(
+    shards: Annotated[Path, typer.Argument(help="A shard directory.")],
+    prompt: Annotated[str, typer.Option(help="The text to continue.")],
+    max_new_tokens: Annotated[int, typer.Option(help="Stop after this many new tokens.")] = 64,
+    temperature: Annotated[float, typer.Option(help="0 = greedy.")] = 0.0,
+    top_p: Annotated[float, typer.Option(help="Nucleus sampling mass (with temperature > 0).")] = 1.0,
+    seed: Annotated[int, typer.Option(help="Sampling seed (the same on every rank).")] = 0,
+    device: Annotated[str, typer.Option(help="cpu or cuda.")] = "cpu",
+    backend: Annotated[str, typer.Option(help="Kernels: auto, torch or triton.")] = "auto",
+    trust_remote_code: Annotated[bool, typer.Option(help="Allow the checkpoint's own tokenizer code (the real PLaMo 2 tokenizer).")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON instead of streaming text.")] = False,
+) -> None:
+    """Continue a prompt with the runtime, streaming text as it is generated.
+
+    Runs all ranks in this process; under `torchrun --nproc-per-node N` each process is one real rank
+    and rank 0 prints.  Stops at the checkpoint's EOS token(s) or after --max-new-tokens.
+    """
+    import time
+
+    from .runtime.engine import Runtime, load_tokenizer
+
+    with Runtime(shards, device=device, backend=backend) as rt:
+        tok = load_tokenizer(shards, trust_remote_code=trust_remote_code)
+        ids = list(tok(prompt)["input_ids"])
+        eos = set(rt.config.eos_token_ids) | ({tok.eos_token_id} if tok.eos_token_id is not None else set())
+        printed = ""
+        new: list[int] = []
+
+        def stream(i: int, token: int) -> None:
+            nonlocal printed
+            new.append(token)
+            text = tok.decode(new, skip_special_tokens=False)
+            if rt.is_main and not as_json and not text.endswith("\ufffd"):  # wait for whole UTF-8 characters
+                sys.stdout.write(text[len(printed) :])
+                sys.stdout.flush()
+                printed = text
+
+        start = time.perf_counter()
+        gen = rt.generate([ids], max_new_tokens, eos_token_ids=sorted(eos), temperature=temperature, top_p=top_p, seed=seed, on_token=stream)
+        seconds = time.perf_counter() - start
+        text = tok.decode(gen.tokens[0], skip_special_tokens=False)
+        if not rt.is_main:
+            return
+        if as_json:
+            print_json({"prompt": prompt, "prompt_tokens": len(ids), "tokens": gen.tokens[0], "text": text, "seconds": seconds})
+        else:
+            sys.stdout.write(text[len(printed) :] + "\n")
+            err.print(f"{len(gen.tokens[0])} tokens in {seconds:.2f} s ({len(gen.tokens[0]) / max(seconds, 1e-9):.1f} tokens/s)")
+
+
+
+# ---- eval --------------------------------------------------------------------------------------
+def _parse_limit(text: str | None) -> int | float | None:
+    """lm-eval's --limit: N documents, or a fraction of them when below 1."""
+    if text is None:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise typer.BadParameter(f"--limit must be a number, got {text!r}") from None
+    if value <= 0:
+        raise typer.BadParameter("--limit must be > 0")
+    return int(value) if value >= 1 and value.is_integer() else value
+
+
+@app.command("eval")
+@handle_errors
+def eval_shards(
+    shards: Annotated[Path, typer.Argument(help="A shard directory made by `plamo2-tools convert` (any TP x PP).")],
+    tasks: Annotated[str, typer.Option(help="Comma-separated lm-eval tasks; gsm8k is supported.")] = "gsm8k",
+    num_fewshot: Annotated[int | None, typer.Option(help="Few-shot examples (default: the task's, 5).")] = None,
+    limit: Annotated[str | None, typer.Option(help="First N test documents (or a fraction < 1).")] = None,
+    batch_size: Annotated[int, typer.Option(help="Requests per runtime call.")] = 8,
+    gsm8k_dir: Annotated[Path | None, typer.Option(help="Holds train/test.jsonl (default: $PLAMO2_GSM8K_DIR).")] = None,
+    output_path: Annotated[Path | None, typer.Option(help="Write results and samples under DIR/<shards>/.")] = None,
+    launch: Annotated[bool, typer.Option(help="Ranks as torchrun processes, not threads.")] = False,
+    device: Annotated[str, typer.Option(help="cpu or cuda.")] = "cpu",
+    backend: Annotated[str, typer.Option(help="Kernel backend: auto, torch or triton.")] = "auto",
+    max_gen_toks: Annotated[int, typer.Option(help="Most new tokens per answer when the task sets none.")] = 256,
+    max_length: Annotated[int | None, typer.Option(help="Context limit (default: the config's).")] = None,
+    trust_remote_code: Annotated[bool, typer.Option(help="Run the checkpoint's tokenizer code (PLaMo 2).")] = False,
+    allow_unverified_data: Annotated[bool, typer.Option(help="Accept non-official GSM8K files.")] = False,
+    bootstrap_iters: Annotated[int, typer.Option(help="Bootstrap iterations for stderrs (0: none).")] = 100_000,
+    log_samples: Annotated[bool, typer.Option(help="Write per-sample logs (needs --output-path).")] = True,
+    as_json: Annotated[bool, typer.Option("--json", help="Print a JSON summary instead of the table.")] = False,
+) -> None:
+    """Score a shard directory on GSM8K with lm-eval's own task, offline, from local data files.
+
+    Uses the installed lm-eval gsm8k task (prompt, filters, metrics; version 3) with only the
+    dataset pointed at the local files, whose sha256 must be the official one.  Results land where
+    lm-eval puts them (DIR/<sanitized shards path>/results_<date>.json, samples_gsm8k_<date>.jsonl)
+    plus a stable results.json.
+    """
+    from .eval.gsm8k_task import load_gsm8k_data
+    from .eval.harness import EvalRequest, check_tasks, run_eval
+
+    task_list = [t.strip() for t in tasks.split(",") if t.strip()]
+    check_tasks(task_list)
+    data = load_gsm8k_data(gsm8k_dir, allow_unverified=allow_unverified_data)
+    if not data.verified:
+        err.print("[yellow]warning:[/] not the official GSM8K files; scores do not compare with published numbers")
+    request = EvalRequest(
+        shards=str(shards), data=data.to_dict(), tasks=task_list, num_fewshot=num_fewshot, limit=_parse_limit(limit),
+        batch_size=batch_size, output_path=str(output_path) if output_path else None, device=device, backend=backend,
+        max_gen_toks=max_gen_toks, max_length=max_length, trust_remote_code=trust_remote_code,
+        bootstrap_iters=bootstrap_iters, log_samples=log_samples and output_path is not None,
+    )  # fmt: skip
+    outcome = run_eval(request, launch=launch)
+    if as_json:
+        print_json(outcome.summary())
+        return
+    out.print(outcome.header, highlight=False, markup=False, soft_wrap=True)
+    out.print(outcome.table, highlight=False, markup=False)
+    for name, path in outcome.files.items():
+        out.print(f"{name}: {path}", highlight=False, markup=False)
+    mode = "torchrun ranks" if launch else "in-process ranks"
+    out.print(f"done in {outcome.wall_seconds:.1f} s ({mode})", highlight=False)
+
+
+# ---- lm-eval -----------------------------------------------------------------------------------
+@app.command(
+    "lm-eval",
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+    add_help_option=False,
+)
+@handle_errors
+def lm_eval_passthrough(ctx: typer.Context) -> None:
+    """lm-eval's own CLI with the plamo2 model registered; every argument goes to lm-eval.
+
+    Example: plamo2-tools lm-eval run --model plamo2 --model_args pretrained=SHARDS --tasks gsm8k
+    --include_path DIR --output_path OUT --log_samples
+    """
+    from .eval.lm_eval_cli import main as lm_eval_main
+
+    raise typer.Exit(lm_eval_main(ctx.args))
+
+
+# ---- report ------------------------------------------------------------------------------------
+@app.command()
+@handle_errors
+def report(
+    inputs: Annotated[list[Path], typer.Argument(metavar="INPUT...", help="Result files or directories (recursive).")],
+    out_file: Annotated[Path, typer.Option("--out", help="Markdown to write (reports/NAME.md); plots: NAME-*.png.")],
+    title: Annotated[str | None, typer.Option(help="Page title (default: Report: NAME).")] = None,
+    timestamp: Annotated[bool, typer.Option("--timestamp/--no-timestamp", help="Write the 'generated' line.")] = True,
+    as_json: Annotated[bool, typer.Option("--json", help="Print a summary: sections, files, outputs.")] = False,
+) -> None:
+    """Turn result JSON into one Markdown report with PNG plots beside it: lm-eval results (across
+    TP x PP layouts, next to the published vLLM reference), verify results, convert and kernel
+    benchmarks, and convert / check / inspect --json output.
+
+    Files are recognised by content; unknown JSON is skipped with a note.  Exit 2 when nothing
+    usable is found.  The page is deterministic except its 'generated' line (--no-timestamp).
+    """
+    from rich.markup import escape
+
+    from .report import build_report
+
+    result = build_report(inputs, out_file, title=title, timestamp=timestamp)
+    if as_json:
+        print_json(result.summary())
+        return
+    table = Table(title=f"report: {out_file}")
+    table.add_column("file")
+    table.add_column("read as")
+    for doc in result.docs:
+        table.add_row(escape(doc.name), doc.kind)
+    out.print(table)
+    for warning in result.warnings:  # Markdown text: the code-span backticks mean nothing on a console
+        err.print(f"[yellow]warning:[/] {escape(warning.replace('`', ''))}", highlight=False)
+    skipped = f", skipped {len(result.skipped)} unrecognised or duplicate file(s)" if result.skipped else ""
+    out.print(f"wrote {out_file} and {len(result.plots)} plot(s) from {len(result.docs)} file(s){skipped}",
+              highlight=False, markup=False)  # fmt: skip
 
 if __name__ == "__main__":  # pragma: no cover
     app()

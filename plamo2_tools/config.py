@@ -186,14 +186,15 @@ class Plamo2Config:
     # ---- I/O ---------------------------------------------------------------------------------
     @classmethod
     def from_dict(cls, raw: dict[str, Any], source: str = "config.json") -> Plamo2Config:
-        missing = [k for k in REQUIRED_KEYS if k not in raw]
-        if missing:
-            raise ConfigError(f"{source}: missing required key(s): {', '.join(missing)}")
+        # model_type first: another model's config would otherwise be reported as missing keys.
         model_type = raw.get("model_type", DEFAULTS["model_type"])
         if model_type not in MODEL_TYPES:
             raise ConfigError(
                 f"{source}: model_type is {model_type!r}, expected 'plamo2' (is this a PLaMo 2 checkpoint?)"
             )
+        missing = [k for k in REQUIRED_KEYS if k not in raw]
+        if missing:
+            raise ConfigError(f"{source}: missing required key(s): {', '.join(missing)}")
         values: dict[str, Any] = {}
         for key in REQUIRED_KEYS:
             values[key] = _int(raw, key, source)
@@ -206,12 +207,18 @@ class Plamo2Config:
         values["attention_window_size"] = _int(
             {"k": values["attention_window_size"]}, "k", source, "attention_window_size"
         )
-        values["rms_norm_eps"] = float(values["rms_norm_eps"])
-        values["rope_theta"] = float(values["rope_theta"])
-        values["full_attention_idx"] = tuple(int(i) for i in values["full_attention_idx"] or ())
-        values["max_position_embeddings"] = max(MIN_MAX_POSITIONS, int(values["max_position_embeddings"]))
-        values["mamba_enabled"] = bool(values["mamba_enabled"])
-        values["tie_word_embeddings"] = bool(values["tie_word_embeddings"])
+        values["rms_norm_eps"] = _float(values["rms_norm_eps"], source, "rms_norm_eps")
+        values["rope_theta"] = _float(values["rope_theta"], source, "rope_theta")
+        fai = values["full_attention_idx"]
+        if not isinstance(fai, (list, tuple)):
+            raise ConfigError(f"{source}: full_attention_idx = {fai!r}: must be a list of layer indices")
+        values["full_attention_idx"] = tuple(_int({"k": i}, "k", source, "full_attention_idx entry") for i in fai)
+        values["max_position_embeddings"] = max(
+            MIN_MAX_POSITIONS,
+            _int({"k": values["max_position_embeddings"]}, "k", source, "max_position_embeddings"),
+        )
+        values["mamba_enabled"] = _bool(values["mamba_enabled"], source, "mamba_enabled")
+        values["tie_word_embeddings"] = _bool(values["tie_word_embeddings"], source, "tie_word_embeddings")
         known = set(REQUIRED_KEYS) | set(DEFAULTS)
         values["extra"] = {k: v for k, v in raw.items() if k not in known}
         cfg = cls(**values)
@@ -276,4 +283,17 @@ def _int(raw: dict[str, Any], key: str, source: str, name: str | None = None) ->
         if isinstance(value, float) and value.is_integer():
             return int(value)
         raise ConfigError(f"{source}: {name or key} = {value!r}: must be an integer")
+    return value
+
+
+def _float(value: Any, source: str, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(f"{source}: {name} = {value!r}: must be a number")
+    return float(value)
+
+
+def _bool(value: Any, source: str, name: str) -> bool:
+    # bool("false") is True: a string here would silently flip the meaning, so refuse it.
+    if not isinstance(value, bool):
+        raise ConfigError(f"{source}: {name} = {value!r}: must be true or false")
     return value

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from . import reference_ops as ops
 from .checkpoint import HFCheckpoint
 from .config import FINAL_NORM_OFFSET, NORM_OFFSETS, Plamo2Config
+from .errors import UserError
 
 QK_NORM_EPS = 1e-6  # hard-coded in HF's remote code (vLLM uses rms_norm_eps; equal in every release)
 
@@ -26,8 +27,8 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 def rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
     """NeoX rotate-half RoPE over the whole head dim.  x: (T, H, d)."""
     d = x.shape[-1]
-    inv_freq = theta ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
-    angles = positions.to(torch.float64)[:, None] * inv_freq[None, :]
+    inv_freq = theta ** (-torch.arange(0, d, 2, dtype=torch.float64, device=x.device) / d)
+    angles = positions.to(device=x.device, dtype=torch.float64)[:, None] * inv_freq[None, :]
     cos = torch.cat([angles.cos(), angles.cos()], -1)[:, None, :].to(x.dtype)
     sin = torch.cat([angles.sin(), angles.sin()], -1)[:, None, :].to(x.dtype)
     return x * cos + rotate_half(x) * sin
@@ -88,10 +89,12 @@ def decoder_layer(
     return h + norm(f, "post_mlp_norm")
 
 
-def layer_weights(ckpt: HFCheckpoint, layer: int, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+def layer_weights(
+    ckpt: HFCheckpoint, layer: int, dtype: torch.dtype, device: torch.device | str = "cpu"
+) -> dict[str, torch.Tensor]:
     prefix = f"model.layers.layers.{layer}."
     return {
-        name.removeprefix(prefix): ckpt.get(name).to(dtype)
+        name.removeprefix(prefix): ckpt.get(name).to(device=device, dtype=dtype)
         for name in ckpt.tensors
         if name.startswith(prefix)
     }
@@ -102,21 +105,23 @@ def reference_logits(
     ckpt: HFCheckpoint,
     sequences: Sequence[Sequence[int]],
     dtype: torch.dtype = torch.float64,
+    device: torch.device | str = "cpu",
 ) -> list[torch.Tensor]:
-    """float32 logits (T_i, V) for each token sequence, computed in `dtype`."""
+    """float32 CPU logits (T_i, V) for each token sequence, computed in `dtype` on `device`."""
     cfg = ckpt.config
     V = cfg.vocab_size
     for seq in sequences:
         bad = [t for t in seq if not 0 <= t < V]
         if bad:
-            raise ValueError(f"token id(s) {bad[:5]} outside the vocabulary [0, {V})")
+            # A UserError (not ValueError): the CLI prints it as one line with exit code 2.
+            raise UserError(f"token id(s) {bad[:5]} outside the vocabulary [0, {V})")
     embed = ckpt.get("model.embed_tokens.weight")
-    hs = [embed[torch.as_tensor(list(seq), dtype=torch.long)].to(dtype) for seq in sequences]
+    hs = [embed[torch.as_tensor(list(seq), dtype=torch.long)].to(device=device, dtype=dtype) for seq in sequences]
     del embed
     for layer in range(cfg.num_hidden_layers):
-        w = layer_weights(ckpt, layer, dtype)
+        w = layer_weights(ckpt, layer, dtype, device)
         hs = [decoder_layer(h, w, cfg, layer) for h in hs]
-    final = FINAL_NORM_OFFSET + ckpt.get("model.norm.weight").to(dtype)
+    final = FINAL_NORM_OFFSET + ckpt.get("model.norm.weight").to(device=device, dtype=dtype)
     head_name = "model.embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight"
-    head = ckpt.get(head_name).to(dtype)[:V]
-    return [(ops.rms_norm(h, final, cfg.rms_norm_eps) @ head.T).float() for h in hs]
+    head = ckpt.get(head_name)[:V].to(device=device, dtype=dtype)
+    return [(ops.rms_norm(h, final, cfg.rms_norm_eps) @ head.T).float().cpu() for h in hs]

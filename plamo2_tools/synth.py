@@ -67,6 +67,9 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 def preset_config(name: str, dtype: str | None = None) -> Plamo2Config:
     if name not in PRESETS:
         raise UserError(f"unknown preset {name!r}; choose one of: {', '.join(PRESETS)}")
+    if dtype is not None and dtype not in DTYPES:
+        # Checked here, not only in synth(): the CLI looks the preset's dtype up before synth() runs.
+        raise UserError(f"unknown dtype {dtype!r}; choose one of: {', '.join(DTYPES)}")
     raw = {"model_type": "plamo2", "architectures": ["Plamo2ForCausalLM"], **PRESETS[name]}
     if dtype is not None:
         raw["torch_dtype"] = dtype
@@ -248,6 +251,10 @@ def synth(
     if dtype is not None and dtype not in DTYPES:
         raise UserError(f"unknown dtype {dtype!r}; choose one of: {', '.join(DTYPES)}")
     cfg = preset_config(preset, dtype)
+    tensors = len(cfg.hf_tensor_shapes())
+    if not 1 <= files <= tensors:
+        # write_checkpoint would clamp silently, and the CLI would then report the wrong count.
+        raise UserError(f"files = {files}: must be between 1 and the {tensors} tensors of {preset}")
     if out.exists() and any(out.iterdir()):
         if not force:
             raise OutputExistsError(f"{out}: exists and is not empty (use --force to replace it)")

@@ -1,4 +1,7 @@
-"""Shared pytest setup: the ``gpu`` marker, and Triton's CPU interpreter when there is no GPU."""
+"""Shared pytest setup: Triton's CPU interpreter and skipping ``gpu`` tests without a GPU.
+
+(The ``gpu`` marker itself is registered in pyproject.toml.)
+"""
 
 import os
 
@@ -7,10 +10,6 @@ import torch
 
 if not torch.cuda.is_available():  # must happen before anything imports triton
     os.environ.setdefault("TRITON_INTERPRET", "1")
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "gpu: needs a CUDA device (skipped without one)")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

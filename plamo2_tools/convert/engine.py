@@ -119,16 +119,15 @@ def _prepare_output(out: Path, plan: Plan, force: bool) -> dict[str, dict[str, A
     return records
 
 
-def _verified(out: Path, unit: list[FilePlan], records: dict[str, dict[str, Any]]) -> bool:
-    """A finished unit from an earlier run: every file present, right size, digest matches."""
-    for f in unit:
-        rec = records.get(f.name)
-        path = out / f.name
-        if rec is None or not path.is_file() or path.stat().st_size != f.layout.size:
-            return False
-        if sha256_file(path)[0] != rec["sha256"]:
-            log.warning("%s: digest differs from the journal; rewriting it", f.name)
-            return False
+def _verified(out: Path, f: FilePlan, records: dict[str, dict[str, Any]]) -> bool:
+    """A file finished by an earlier run: journaled, present, right size, digest matches."""
+    rec = records.get(f.name)
+    path = out / f.name
+    if rec is None or not path.is_file() or path.stat().st_size != f.layout.size:
+        return False
+    if sha256_file(path)[0] != rec["sha256"]:
+        log.warning("%s: digest differs from the journal; rewriting it", f.name)
+        return False
     return True
 
 
@@ -238,10 +237,10 @@ def convert(
         if "__complete__" in records:
             manifest = json.loads((out / MANIFEST_NAME).read_text())
             return ConvertResult(out, plan, "up-to-date", time.perf_counter() - start, 0, manifest=manifest)
-        units = plan.units
-        done = [u for u in units if _verified(out, u, records)]
-        todo = [u for u in units if u not in done]
-        reused = [f.name for u in done for f in u]
+        # Per file, not per unit: a kill between two files of one unit keeps the finished one
+        # (shard-format.md: "skips the finished files whose digests match").
+        reused = [f.name for u in plan.units for f in u if _verified(out, f, records)]
+        todo = [kept for u in plan.units if (kept := [f for f in u if f.name not in reused])]
         if reused:
             log.info("resuming: %d finished file(s) verified and kept", len(reused))
         _check_disk(out, sum(f.layout.size for u in todo for f in u))

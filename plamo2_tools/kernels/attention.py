@@ -14,6 +14,8 @@ import torch
 import triton
 import triton.language as tl
 
+from plamo2_tools.kernels.triton_math import dot
+
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 _LOG2E = 1.4426950408889634
 
@@ -48,20 +50,12 @@ def _decode_split_kernel(
                     mask=ok[:, None], other=0.0)  # fmt: skip
         v = tl.load(v_ptr + b * sv_s + cols[:, None] * sv_l + g * sv_h + d[None, :],
                     mask=ok[:, None], other=0.0)  # fmt: skip
-        if DOT_F32:
-            s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
-        else:
-            s = tl.dot(q, tl.trans(k))
-        s = tl.where(ok[None, :], s * qk_scale, float("-inf"))
+        s = tl.where(ok[None, :], dot(q, tl.trans(k), DOT_F32) * qk_scale, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, axis=1))
         alpha = tl.exp2(m - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_sum = l_sum * alpha + tl.sum(p, axis=1)
-        if DOT_F32:
-            pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
-        else:
-            pv = tl.dot(p.to(v.dtype), v)
-        acc = acc * alpha[:, None] + pv
+        acc = acc * alpha[:, None] + dot(p.to(v.dtype), v, DOT_F32)
         m = m_new
     row = (b * Hq + heads) * n_splits + sp  # partials laid out (B, Hq, n_splits, ...)
     h_ok = gi < group

@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from plamo2_tools.kernels.triton_math import silu, softplus
+from plamo2_tools.kernels.triton_math import dot, silu, softplus
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
@@ -85,11 +85,7 @@ def _state_pass_kernel(
         Bk = tl.load(B_ptr + t[:, None] * sB_t + n[None, :],
                      mask=t_ok[:, None] & (n < N)[None, :], other=0.0)  # fmt: skip
         Bw = Bk.to(tl.float32) * (tl.exp(a_last - a) * delta)[:, None]
-        if DOT_F32:
-            upd = tl.dot(tl.trans(xk.to(tl.float32)), Bw, input_precision="ieee")
-        else:
-            upd = tl.dot(tl.trans(xk), Bw.to(xk.dtype))
-        state = state * tl.exp(a_last) + upd
+        state = state * tl.exp(a_last) + dot(tl.trans(xk), Bw.to(xk.dtype), DOT_F32)
     tl.store(final_ptr + s * H * P * N + hpn_off, state, mask=pn_mask)
 
 
@@ -168,12 +164,8 @@ def _chunk_output_kernel(
                      mask=k_ok[:, None] & p_ok[None, :], other=0.0)  # fmt: skip
         causal = rows[:, None] >= cols[None, :]
         decay = tl.exp(tl.where(causal, a_i[:, None] - a_j[None, :], float("-inf")))
-        if DOT_F32:
-            cb = tl.dot(Cm.to(tl.float32), tl.trans(Bk.to(tl.float32)), input_precision="ieee")
-            acc += tl.dot(cb * decay * delta[None, :], xk.to(tl.float32), input_precision="ieee")
-        else:
-            cb = tl.dot(Cm, tl.trans(Bk))
-            acc += tl.dot((cb * decay * delta[None, :]).to(xk.dtype), xk)
+        cb = dot(Cm, tl.trans(Bk), DOT_F32)
+        acc += dot((cb * decay * delta[None, :]).to(xk.dtype), xk, DOT_F32)
 
     x_off = rows[:, None] * sx_t + h * sx_h + p[None, :]
     mask = r_ok[:, None] & p_ok[None, :]
@@ -241,7 +233,7 @@ def ssd_chunk_scan(
     _state_pass_kernel[(triton.cdiv(P, bp), triton.cdiv(N, bn), S * H)](
         x, dt, A, B, dt_bias, init, states, final, acum, cu,
         S, H, P, N, x.stride(0), x.stride(1), dt.stride(0), dt.stride(1), B.stride(0),
-        Q=Q, BLOCK_Q=min(Q, 64), BLOCK_P=bp, BLOCK_N=bn, BLOCK_S=block_s,
+        Q=Q, BLOCK_Q=min(Q, 16 if _INTERPRET else 128), BLOCK_P=bp, BLOCK_N=bn, BLOCK_S=block_s,
         HAS_INIT=initial_state is not None, DOT_F32=dot_f32, num_warps=4, num_stages=2,
     )  # fmt: skip
     zz = z if z is not None else x

@@ -184,10 +184,25 @@ def attention(
     scale: float,
     window: int | None = None,
 ) -> Tensor:
-    """SDPA per sequence; keys no query of the sequence can see are sliced off, not masked."""
+    """SDPA per sequence; keys no query of the sequence can see are sliced off, not masked.
+
+    Pure decode (one query per sequence, Tq == S) is one masked SDPA call without a host sync.
+    Every sequence has at least one query.
+    """
+    gqa = q.shape[1] != k_cache.shape[2]
+    if q.shape[0] == kv_lens.shape[0]:
+        kpos = torch.arange(k_cache.shape[1], device=q.device)[None, :]
+        last = kv_lens.to(q.device)[:, None] - 1
+        mask = kpos <= last
+        if window is not None:
+            mask &= last - kpos <= window
+        o = F.scaled_dot_product_attention(
+            q[:, :, None], k_cache.transpose(1, 2), v_cache.transpose(1, 2),
+            attn_mask=mask[:, None, None, :], scale=scale, enable_gqa=gqa,
+        )  # fmt: skip
+        return o[:, :, 0]
     out = torch.empty_like(q)
     cu, lens = cu_seqlens_q.tolist(), kv_lens.tolist()
-    gqa = q.shape[1] != k_cache.shape[2]
     for s, L in enumerate(lens):
         q0, q1 = cu[s], cu[s + 1]
         n = q1 - q0

@@ -20,3 +20,12 @@ def softplus(v):
 @triton.jit
 def silu(v):
     return v / (1.0 + tl.exp(-v))
+
+
+@triton.jit
+def dot(a, b, F32: tl.constexpr):
+    """tl.dot in the operands' dtype, or exact fp32 when F32 (fp32 inputs, and bf16 under the
+    interpreter, which multiplies bf16 bit patterns)."""
+    if F32:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    return tl.dot(a, b)

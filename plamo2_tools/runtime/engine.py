@@ -105,13 +105,13 @@ class RankEngine:
         if not self.comm.info.is_last_stage:
             return None
         if all_logits:  # reorder chunk-major pieces into sequence-major packing
-            owners = torch.tensor([o for p in pieces for o in p[0]])
+            owners = torch.tensor([o for p in pieces for o in p[0]], dtype=torch.long)
             stacked = torch.cat([p[1] for p in pieces])
             order = torch.sort(owners, stable=True).indices.to(stacked.device)
             return stacked[order]
         last = torch.empty(len(seqs), self.cfg.vocab_size, dtype=torch.float32, device=self.device)
         for owners, logits in pieces:
-            last[torch.tensor(owners, device=self.device)] = logits
+            last[torch.tensor(owners, dtype=torch.long, device=self.device)] = logits
         return last
 
     def _share(self, x: Tensor | None, shape: tuple[int, ...], dtype: torch.dtype) -> Tensor:
@@ -196,7 +196,7 @@ class RankEngine:
                 tokens[i].append(next_ids[i])
                 if return_logits:
                     kept[i].append(shared[i])
-                if on_token:
+                if on_token and self.comm.info.rank == 0:  # once, not once per thread rank
                     on_token(i, next_ids[i])
                 done[i] = next_ids[i] in eos or (stop is not None and stop(i, tokens[i]))
             if all(done) or step == max_new_tokens - 1:
@@ -312,14 +312,18 @@ class Runtime:
             self._tokenizer = load_tokenizer(self.path)
         return self._tokenizer
 
-    def close(self) -> None:
+    def close(self, clean: bool = True) -> None:
         self.engines = []
+        if self.mode == "dist" and clean:  # after a failure the other ranks may never reach the barrier
+            from .launch import shutdown_distributed
+
+            shutdown_distributed()
 
     def __enter__(self) -> Runtime:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        self.close(clean=exc_type is None)
 
 
 def load_tokenizer(path: str | Path, trust_remote_code: bool = False) -> Any:

@@ -45,11 +45,11 @@ def main(spec_path: str) -> int:
     runtime_args = args.pop("runtime")
     rank = 0
     try:
-        rt = Runtime(mode="dist", **runtime_args)
-        rank = rt.rank
-        result = _resolve(spec["job"])(rt, **args)
-        if rt.is_main:
-            torch.save(result, spec["result"])
+        with Runtime(mode="dist", **runtime_args) as rt:
+            rank = rt.rank
+            result = _resolve(spec["job"])(rt, **args)
+            if rt.is_main:
+                torch.save(result, spec["result"])
         return 0
     except Plamo2Error as e:
         if rank == 0:

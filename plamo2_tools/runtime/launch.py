@@ -42,6 +42,13 @@ def init_distributed(device: str) -> tuple[int, int, torch.device]:
     return rank, world, dev
 
 
+def shutdown_distributed() -> None:
+    """Leave the world cleanly: without it gloo's threads abort the process at exit."""
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
 def launch(job: str, args: dict[str, Any], nproc: int, extra_env: dict[str, str] | None = None) -> Any:
     """Run `jobs.<job>(**args)` on `nproc` torchrun ranks of this machine; return rank 0's result."""
     with tempfile.TemporaryDirectory(prefix="plamo2-launch-") as tmp:

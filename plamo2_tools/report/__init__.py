@@ -1,0 +1,127 @@
+"""`plamo2-tools report`: one Markdown page (with PNG plots beside it) from the JSON that the
+other steps leave behind: lm-eval results, verify results, convert and kernel benchmarks, and the
+--json output of convert / check / inspect.
+
+Inputs are recognised by content; the output is deterministic (sorted inputs, fixed figure sizes,
+no timestamps but the optional "generated" line), so a report can be committed and diffed.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from .. import __version__
+from ..errors import EnvironmentLimitError, UserError
+from . import bench_convert, bench_kernels, lmeval, tools, verify
+from .context import Context
+from .inputs import (
+    BENCH_CONVERT,
+    BENCH_KERNELS,
+    CHECK,
+    CONVERT,
+    INSPECT,
+    KINDS,
+    LMEVAL,
+    VERIFY,
+    Doc,
+    Skipped,
+    collect,
+)
+from .markdown import code, table
+
+__all__ = ["KINDS", "ReportResult", "build_report"]
+
+Renderer = Callable[[list[Doc], Context], list[str]]
+# (kinds it shows, title in the overview, renderer), in page order.
+SECTIONS: list[tuple[tuple[str, ...], str, Renderer]] = [
+    ((LMEVAL,), "lm-eval results", lmeval.render),
+    ((VERIFY,), "Verify", verify.render),
+    ((BENCH_CONVERT,), "Convert benchmark", bench_convert.render),
+    ((BENCH_KERNELS,), "Kernel benchmark", bench_kernels.render),
+    ((CONVERT, CHECK, INSPECT), "Tool output", tools.render),
+]
+
+
+@dataclass(frozen=True)
+class ReportResult:
+    out: Path
+    plots: list[Path]
+    docs: list[Doc]
+    skipped: list[Skipped]
+    warnings: list[str]
+
+    def summary(self) -> dict[str, Any]:
+        """What --json prints: sections found, files read, outputs written."""
+        return {
+            "out": str(self.out),
+            "sections": {kind: n for kind in KINDS if (n := sum(d.kind == kind for d in self.docs))},
+            "files": [{"path": d.name, "kind": d.kind} for d in self.docs],
+            "skipped": [{"path": s.name, "reason": s.reason} for s in self.skipped],
+            "outputs": [str(self.out)] + [str(p) for p in self.plots],
+            "warnings": self.warnings,
+        }
+
+
+def build_report(
+    inputs: Iterable[Path], out: Path, title: str | None = None, timestamp: bool = True, now: datetime | None = None
+) -> ReportResult:
+    inputs = list(inputs)
+    if out.is_dir():
+        raise UserError(f"--out {out} is a directory; give the Markdown file, e.g. {out / 'report.md'}")
+    docs, skipped = collect(inputs)
+    if not docs:
+        where = ", ".join(str(p) for p in inputs)
+        raise UserError(
+            f"nothing usable in {where}: {len(skipped)} JSON file(s) found, none is lm-eval results, verify, "
+            "benchmark or convert/check/inspect output"
+        )
+    ctx = Context(out)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        body = _sections(docs, ctx)
+        head = _head(title or f"Report: {out.stem}", docs, ctx, timestamp, now)
+        _write_text(out, "\n".join(head + body + _inputs(docs, skipped)).rstrip("\n") + "\n")
+    except OSError as e:
+        raise EnvironmentLimitError(f"cannot write the report to {out}: {e.strerror or e}") from None
+    return ReportResult(out, list(ctx.plots), docs, skipped, list(ctx.warnings))
+
+
+def _sections(docs: list[Doc], ctx: Context) -> list[str]:
+    lines: list[str] = []
+    for kinds, _, render in SECTIONS:
+        chosen = [d for d in docs if d.kind in kinds]
+        if chosen:
+            lines += render(chosen, ctx)
+    return lines
+
+
+def _head(title: str, docs: list[Doc], ctx: Context, timestamp: bool, now: datetime | None) -> list[str]:
+    lines = [f"# {title}", ""]
+    if timestamp:
+        when = (now or datetime.now(timezone.utc)).strftime("%Y-%m-%d %H:%M:%S UTC")
+        lines += [f"_Generated {when} by plamo2-tools {__version__}._", ""]
+    rows = [[name, str(sum(d.kind in kinds for d in docs))] for kinds, name, _ in SECTIONS
+            if any(d.kind in kinds for d in docs)]  # fmt: skip
+    lines += table(["Section", "Files"], rows, right=(1,)) + [""]
+    if ctx.warnings:
+        lines += ["**Warnings**", ""] + [f"- {w}" for w in ctx.warnings] + [""]
+    return lines
+
+
+def _inputs(docs: Sequence[Doc], skipped: Sequence[Skipped]) -> list[str]:
+    lines = ["## Inputs", ""] + table(["File", "Read as"], [[code(d.name), d.kind] for d in docs])
+    if skipped:
+        lines += ["", "Skipped:", ""] + table(["File", "Reason"], [[code(s.name), s.reason] for s in skipped])
+    return lines + [""]
+
+
+def _write_text(path: Path, text: str) -> None:
+    """Write via a temporary file and rename, so a failed run never leaves half a report."""
+    tmp = path.with_name(f".{path.name}.partial")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)

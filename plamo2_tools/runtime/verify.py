@@ -1,0 +1,223 @@
+"""`plamo2-tools verify`: the runtime on shards against the reference forward on the original
+checkpoint, per layout.
+
+Measured per layout: max |Δlogit| and max relative error (max|Δ| / max|ref|) over every prompt
+position, mean KL(reference ‖ runtime), top-1 agreement, how many greedy tokens match before the
+first divergence, and vLLM's `check_logprobs_close` rule (top-5) over the greedy continuation.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..checkpoint import HFCheckpoint
+from ..convert.manifest import load_manifest
+from ..errors import UserError
+from ..reference import reference_logits
+from .engine import Runtime, load_tokenizer
+
+# Pass criteria by shard dtype.  fp32 must agree to accumulated fp32 rounding and give the same
+# greedy tokens.  Half precision rounds every activation (bf16: 8-bit mantissa, relative step
+# 2^-8 ≈ 4e-3; fp16: 2^-11 ≈ 5e-4), which compounds over layers into logit differences of a few
+# percent, so greedy text may diverge; there we require vLLM's own criterion (each model's token
+# is in the other's top-5 where they first differ) plus bounds on error, KL and top-1 agreement.
+THRESHOLDS: dict[str, dict[str, float]] = {
+    "float32": {"max_rel_err": 1e-4, "greedy_match_fraction": 1.0},
+    "float16": {"max_rel_err": 2e-2, "mean_kl": 1e-3, "top1_agreement": 0.95},
+    "bfloat16": {"max_rel_err": 1e-1, "mean_kl": 1e-2, "top1_agreement": 0.9},
+}
+TOP_K = 5
+
+
+@dataclass
+class ReferenceOutputs:
+    prompt_logits: list[torch.Tensor]
+    tokens: list[list[int]]
+    step_logits: list[torch.Tensor]  # (K, V) per prompt
+
+
+def random_prompts(count: int, vocab: int, seed: int, bos: int | None = 1, lengths: tuple[int, int] = (8, 64)) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    prompts = []
+    for _ in range(count):
+        n = int(torch.randint(lengths[0], lengths[1] + 1, (1,), generator=g))
+        ids = torch.randint(0, vocab, (n,), generator=g).tolist()
+        if bos is not None:
+            ids[0] = bos
+        prompts.append(ids)
+    return prompts
+
+
+def prompts_from_file(path: Path, tokenizer_dir: Path) -> list[list[int]]:
+    """JSON lines with "input_ids" (token lists) or "text", or plain text with one prompt per line."""
+    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    if not lines:
+        raise UserError(f"{path}: no prompts")
+    prompts: list[list[int]] = []
+    tokenizer = None
+    for line in lines:
+        item: Any = line
+        if line.lstrip().startswith("{"):
+            try:
+                item = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise UserError(f"{path}: bad JSON line ({e})") from None
+        if isinstance(item, dict) and "input_ids" in item:
+            prompts.append([int(t) for t in item["input_ids"]])
+            continue
+        text = item["text"] if isinstance(item, dict) else item
+        tokenizer = tokenizer or load_tokenizer(tokenizer_dir)
+        prompts.append(list(tokenizer(text)["input_ids"]))
+    return prompts
+
+
+def reference_outputs(
+    src: Path, prompts: list[list[int]], max_new_tokens: int, precision: torch.dtype, device: str = "cpu"
+) -> ReferenceOutputs:
+    """Prompt logits and a greedy continuation, each step a full forward of the reference."""
+    with HFCheckpoint(src) as ckpt:
+        ckpt.check_inventory()
+        prompt_logits = reference_logits(ckpt, prompts, precision, device)
+        current = [list(p) for p in prompts]
+        last = [lg[-1] for lg in prompt_logits]
+        steps: list[list[torch.Tensor]] = [[] for _ in prompts]
+        for k in range(max_new_tokens):
+            for i, lg in enumerate(last):
+                steps[i].append(lg)
+                current[i].append(int(lg.argmax()))
+            if k < max_new_tokens - 1:
+                last = [lg[-1] for lg in reference_logits(ckpt, current, precision, device)]
+    tokens = [c[len(p) :] for c, p in zip(current, prompts, strict=True)]
+    V = ckpt.config.vocab_size
+    return ReferenceOutputs(prompt_logits, tokens, [torch.stack(s) if s else torch.empty(0, V) for s in steps])
+
+
+def check_logprobs_close(
+    ref_tokens: list[int], ref_logits: torch.Tensor, rt_tokens: list[int], rt_logits: torch.Tensor, k: int = TOP_K
+) -> tuple[bool, str]:
+    """vLLM's rule: at the first position where the greedy tokens differ, each model's token must be
+    among the other's top-k; comparison stops there."""
+    for j, (a, b) in enumerate(zip(ref_tokens, rt_tokens, strict=False)):
+        if a == b:
+            continue
+        ref_top = set(ref_logits[j].topk(k).indices.tolist())
+        rt_top = set(rt_logits[j].topk(k).indices.tolist())
+        if b in ref_top and a in rt_top:
+            return True, f"diverged at step {j}, within top-{k}"
+        return False, f"step {j}: reference {a} / runtime {b} not in each other's top-{k}"
+    return True, "identical"
+
+
+def compare(ref: ReferenceOutputs, rt: dict[str, Any]) -> dict[str, Any]:
+    ref_all = torch.cat(ref.prompt_logits).double()
+    rt_all = torch.cat(rt["prompt_logits"]).double()
+    diff = (ref_all - rt_all).abs()
+    log_p, log_q = ref_all.log_softmax(-1), rt_all.log_softmax(-1)
+    kl = (log_p.exp() * (log_p - log_q)).sum(-1)
+    matches = []
+    close_all, details = True, []
+    for i, (rt_tokens, rt_steps) in enumerate(zip(rt["tokens"], rt["step_logits"], strict=True)):
+        n = 0
+        for a, b in zip(ref.tokens[i], rt_tokens, strict=False):
+            if a != b:
+                break
+            n += 1
+        matches.append(n)
+        ok, why = check_logprobs_close(ref.tokens[i], ref.step_logits[i], rt_tokens, rt_steps)
+        close_all &= ok
+        details.append(why)
+    total = sum(len(t) for t in ref.tokens)
+    return {
+        "max_abs_logit_diff": float(diff.max()),
+        "max_rel_err": float(diff.max() / ref_all.abs().max()),
+        "mean_kl": float(kl.mean()),
+        "top1_agreement": float((ref_all.argmax(-1) == rt_all.argmax(-1)).double().mean()),
+        "greedy_match_tokens": matches,
+        "greedy_match_fraction": sum(matches) / total if total else 1.0,
+        "logprobs_close": close_all,
+        "logprobs_close_detail": details,
+    }
+
+
+def judge(metrics: dict[str, Any], thresholds: dict[str, float]) -> list[str]:
+    failures = []
+    for key, bound in thresholds.items():
+        value = metrics[key]
+        higher_is_better = key in ("greedy_match_fraction", "top1_agreement")
+        if (value < bound) if higher_is_better else (value >= bound):
+            failures.append(f"{key} = {value:.3g} ({'needs >=' if higher_is_better else 'needs <'} {bound:g})")
+    if not metrics["logprobs_close"]:
+        failures.append("check_logprobs_close failed: " + "; ".join(d for d in metrics["logprobs_close_detail"] if "not in" in d))
+    return failures
+
+
+def shard_dtype(shards: Path) -> str:
+    m = load_manifest(shards)
+    for entries in m.entries.values():
+        for key, e in entries.items():
+            if key.endswith("mlp.gate_up_proj.weight"):
+                return str(e.tensor.dtype).removeprefix("torch.")
+    raise UserError(f"{shards}: no decoder layer in the manifest")
+
+
+def runtime_outputs_for(
+    shards: Path, prompts: list[list[int]], max_new_tokens: int, launch: bool, device: str, backend: str, prefill_chunk: int | None
+) -> dict[str, Any]:
+    if launch:
+        from .launch import launch as run_launch
+
+        world = load_manifest(shards).mapping.world_size
+        runtime = {"shards": str(shards), "device": device, "backend": backend, "prefill_chunk": prefill_chunk}
+        return run_launch("runtime_outputs", {"runtime": runtime, "prompts": prompts, "max_new_tokens": max_new_tokens}, world)
+    from .jobs import runtime_outputs
+
+    with Runtime(shards, device=device, backend=backend, prefill_chunk=prefill_chunk, mode="local") as rt:
+        return runtime_outputs(rt, prompts, max_new_tokens)
+
+
+def verify(
+    shards: list[Path],
+    reference: Path,
+    prompts: list[list[int]],
+    prompt_source: str,
+    max_new_tokens: int = 32,
+    launch: bool = False,
+    device: str = "cpu",
+    backend: str = "auto",
+    precision: str = "float64",
+    prefill_chunk: int | None = None,
+    reference_device: str = "cpu",
+) -> dict[str, Any]:
+    if precision not in ("float64", "float32"):
+        raise UserError("--precision must be float64 or float32")
+    manifests = [load_manifest(s) for s in shards]
+    ref_cfg = HFCheckpoint(reference).config
+    for s, m in zip(shards, manifests, strict=True):
+        if m.config.hf_tensor_shapes() != ref_cfg.hf_tensor_shapes():
+            raise UserError(f"{s} was not converted from a checkpoint shaped like {reference}")
+    ref = reference_outputs(reference, prompts, max_new_tokens, getattr(torch, precision), reference_device)
+    layouts = []
+    for s, m in zip(shards, manifests, strict=True):
+        rt = runtime_outputs_for(s, prompts, max_new_tokens, launch, device, backend, prefill_chunk)
+        metrics = compare(ref, rt)
+        dtype = shard_dtype(s)
+        thresholds = THRESHOLDS.get(dtype, THRESHOLDS["bfloat16"])
+        failures = judge(metrics, thresholds)
+        layouts.append({
+            "shards": str(s), "tp": m.mapping.tp, "pp": m.mapping.pp, "world_size": m.mapping.world_size,
+            "dtype": dtype, "launch": launch, "backend": backend, "device": device,
+            "metrics": metrics, "thresholds": thresholds, "passed": not failures, "failures": failures,
+        })  # fmt: skip
+    return {
+        "kind": "plamo2-verify",
+        "reference": {"path": str(reference), "precision": precision, "device": reference_device},
+        "prompts": {"count": len(prompts), "lengths": [len(p) for p in prompts], "source": prompt_source},
+        "max_new_tokens": max_new_tokens,
+        "layouts": layouts,
+        "passed": all(x["passed"] for x in layouts),
+    }

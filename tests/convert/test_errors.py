@@ -1,0 +1,235 @@
+"""Bad input through the real CLI: one clear `error:` line, exit 2 (user) or 3 (environment), and
+never a manifest in OUT (its presence would claim a complete conversion)."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+import struct
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import safetensors.torch
+from convert_expect import load_hf
+
+from plamo2_tools.convert import engine
+from plamo2_tools.convert.manifest import MANIFEST_NAME
+
+
+def _fails(cli, *args, code: int, says: str) -> str:
+    r = cli("convert", *args, expect=code)
+    # stderr may also hold the progress bar; the error itself is exactly one line, the last one.
+    lines = r.stderr.strip().splitlines()
+    errors = [line for line in lines if line.startswith("error:")]
+    assert len(errors) == 1 and lines[-1] == errors[0], r.stderr
+    assert says in errors[0], errors[0]
+    return errors[0]
+
+
+def _no_manifest(out: Path) -> None:
+    assert not (out / MANIFEST_NAME).exists()
+    assert not list(out.glob("*.partial")) if out.exists() else True
+
+
+def _rewrite_header(path: Path, edit: Callable[[dict], None]) -> None:
+    """Edit a safetensors header in place, keeping its length (padded with spaces)."""
+    data = path.read_bytes()
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8 : 8 + n])
+    edit(header)
+    text = json.dumps(header, separators=(",", ":")).encode()
+    assert len(text) <= n
+    path.write_bytes(data[:8] + text + b" " * (n - len(text)) + data[8 + n :])
+
+
+def _resave(src: Path, dst: Path, edit: Callable[[dict], None]) -> Path:
+    """dst: src's config and tensors after `edit(tensors)` (re-saved with the safetensors library)."""
+    dst.mkdir()
+    shutil.copy(src / "config.json", dst / "config.json")
+    tensors = load_hf(src)
+    edit(tensors)
+    safetensors.torch.save_file(tensors, str(dst / "model.safetensors"), {"format": "pt"})
+    return dst
+
+
+def test_truncated_file(cli, make_checkpoint, copy_checkpoint, tmp_path: Path) -> None:
+    src = copy_checkpoint(make_checkpoint("tiny"))
+    with open(src / "model.safetensors", "r+b") as f:
+        f.truncate((src / "model.safetensors").stat().st_size - 100)
+    _fails(cli, src, tmp_path / "out", code=2, says="truncated")
+    _no_manifest(tmp_path / "out")
+
+
+def test_file_shorter_than_its_header(cli, make_checkpoint, copy_checkpoint, tmp_path: Path) -> None:
+    src = copy_checkpoint(make_checkpoint("tiny"))
+    with open(src / "model.safetensors", "r+b") as f:
+        f.truncate(1000)
+    _fails(cli, src, tmp_path / "out", code=2, says="truncated")
+    _no_manifest(tmp_path / "out")
+
+
+def test_header_not_json(cli, make_checkpoint, copy_checkpoint, tmp_path: Path) -> None:
+    src = copy_checkpoint(make_checkpoint("tiny"))
+    data = bytearray((src / "model.safetensors").read_bytes())
+    data[20] = ord("}")  # somewhere inside the JSON text
+    (src / "model.safetensors").write_bytes(bytes(data))
+    _fails(cli, src, tmp_path / "out", code=2, says="corrupt header")
+    _no_manifest(tmp_path / "out")
+
+
+def test_header_length_absurd(cli, make_checkpoint, copy_checkpoint, tmp_path: Path) -> None:
+    src = copy_checkpoint(make_checkpoint("tiny"))
+    data = bytearray((src / "model.safetensors").read_bytes())
+    data[:8] = struct.pack("<Q", 2**40)
+    (src / "model.safetensors").write_bytes(bytes(data))
+    _fails(cli, src, tmp_path / "out", code=2, says="corrupt header")
+
+
+@pytest.mark.parametrize(
+    ("edit", "says"),
+    [
+        (lambda h: h["model.norm.weight"].update(data_offsets=[0, 8]), "do not match"),  # wrong length
+        # two tensors trade places in the buffer with their lengths kept: a hole and an overlap
+        (
+            lambda h: h["model.norm.weight"].update(
+                data_offsets=[
+                    h["model.norm.weight"]["data_offsets"][0] + 4,
+                    h["model.norm.weight"]["data_offsets"][1] + 4,
+                ]
+            ),
+            "hole or overlap",
+        ),
+    ],
+    ids=["length", "overlap"],
+)
+def test_header_bad_offsets(cli, make_checkpoint, copy_checkpoint, tmp_path: Path, edit, says: str) -> None:
+    src = copy_checkpoint(make_checkpoint("tiny"))
+    _rewrite_header(src / "model.safetensors", edit)
+    _fails(cli, src, tmp_path / "out", code=2, says=says)
+    _no_manifest(tmp_path / "out")
+
+
+@pytest.mark.parametrize(
+    ("edit", "says"),
+    [
+        (
+            lambda t: t.pop("model.layers.layers.1.mixer.k_weight"),
+            "missing tensor model.layers.layers.1.mixer.k_weight",
+        ),  # noqa: E501
+        (
+            lambda t: t.update({"model.layers.layers.1.mixer.rotary_emb.inv_freq": t["model.norm.weight"][:8].clone()}),
+            "unexpected tensor model.layers.layers.1.mixer.rotary_emb.inv_freq",
+        ),
+        (
+            lambda t: t.update({"model.layers.layers.0.mixer.D": t["model.layers.layers.0.mixer.D"][:-1].clone()}),
+            "wrong shape for model.layers.layers.0.mixer.D: [7], expected [8]",
+        ),
+    ],
+    ids=["missing", "unexpected", "shape"],
+)
+def test_wrong_tensors(cli, make_checkpoint, tmp_path: Path, edit, says: str) -> None:
+    src = _resave(make_checkpoint("tiny"), tmp_path / "src", edit)
+    _fails(cli, src, tmp_path / "out", code=2, says=says)
+    _no_manifest(tmp_path / "out")
+
+
+def test_many_wrong_tensors_still_one_line(cli, make_checkpoint, tmp_path: Path) -> None:
+    src = _resave(make_checkpoint("tiny"), tmp_path / "src", lambda t: [t.pop(k) for k in list(t) if ".layers.0." in k])
+    line = _fails(cli, src, tmp_path / "out", code=2, says="missing tensor model.layers.layers.0.")
+    assert "problem(s)" in line
+
+
+@pytest.mark.parametrize(
+    ("preset", "args", "says"),
+    [
+        ("tiny-gqa", ("--tp", "3"), "tp=3 does not divide 8 attention heads"),
+        ("tiny-gqa", ("--tp", "16"), "tp=16 does not divide 8 attention heads"),
+        ("tiny", ("--tp", "8"), "tp=8 does not divide 4 attention heads"),
+        ("tiny-gqa", ("--tp", "0"), "tp=0 must be >= 1"),
+        ("tiny", ("--pp", "5"), "pp=5 is more stages than the 4 layers"),
+        ("tiny-edge", ("--pp", "3"), "pp=3 is more stages than the 2 layers"),
+        ("tiny-gqa", ("--pp", "3", "--pp-layers", "2,2,2"), "must be >= 1 each and sum to 5 layers"),
+        ("tiny-gqa", ("--pp", "2", "--pp-layers", "5"), "--pp-layers has 1 entries but pp=2"),
+        ("tiny", ("--dtype", "int8"), "unknown --dtype 'int8'"),
+        ("tiny", ("--max-part-size", "lots"), "cannot read size 'lots'"),
+    ],
+)
+def test_impossible_split_or_option(cli, make_checkpoint, tmp_path: Path, preset: str, args: tuple, says: str) -> None:
+    _fails(cli, make_checkpoint(preset), tmp_path / "out", *args, code=2, says=says)
+    assert not (tmp_path / "out").exists()  # refused before touching OUT
+
+
+def test_output_is_or_is_inside_the_source(cli, make_checkpoint, copy_checkpoint) -> None:
+    src = copy_checkpoint(make_checkpoint("tiny"))
+    _fails(cli, src, src, code=2, says="is the source directory")
+    _fails(cli, src, src / "shards", code=2, says="is inside the source directory")
+    assert not (src / "shards").exists() and not (src / MANIFEST_NAME).exists()
+
+
+def test_output_exists_without_force(cli, make_checkpoint, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "notes.txt").write_text("someone else's")
+    _fails(cli, make_checkpoint("tiny"), out, code=2, says="use --force")
+    assert [p.name for p in out.iterdir()] == ["notes.txt"]
+    cli("convert", make_checkpoint("tiny"), out, "--json", "--force")
+    assert (out / MANIFEST_NAME).exists()
+
+
+def test_different_completed_conversion_needs_force(cli, make_checkpoint, tmp_path: Path) -> None:
+    src, out = make_checkpoint("tiny"), tmp_path / "out"
+    cli("convert", src, out, "--tp", 2, "--pp", 2, "--json")
+    before = (out / MANIFEST_NAME).read_bytes()
+    assert json.loads(cli("convert", src, out, "--tp", 2, "--pp", 2, "--json").stdout)["status"] == "up-to-date"
+    _fails(cli, src, out, "--tp", 4, code=2, says="holds a different completed conversion; use --force")
+    assert (out / MANIFEST_NAME).read_bytes() == before  # untouched
+    cli("convert", src, out, "--tp", 4, "--json", "--force")
+    assert json.loads((out / MANIFEST_NAME).read_text())["mapping"]["tp_size"] == 4
+    assert sorted(p.name for p in out.glob("model-rank-*")) == [f"model-rank-{r}-part-0.safetensors" for r in range(4)]
+    cli("check", out, "--json")
+
+
+def test_not_enough_disk(cli, make_checkpoint, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    real = shutil.disk_usage
+    monkeypatch.setattr(engine.shutil, "disk_usage", lambda p: real(p)._replace(free=1000))
+    _fails(cli, make_checkpoint("tiny"), tmp_path / "out", code=3, says="not enough disk space")
+    _no_manifest(tmp_path / "out")
+    assert not list((tmp_path / "out").glob("model-rank-*"))
+
+
+def _enospc(*args, **kwargs):
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+def test_enospc_while_preallocating(cli, make_checkpoint, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(os, "posix_fallocate", _enospc)
+    _fails(cli, make_checkpoint("tiny"), tmp_path / "out", code=3, says="no space left on device")
+    _no_manifest(tmp_path / "out")
+
+
+def test_enospc_while_writing(cli, make_checkpoint, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The disk fills up half way (after preallocation, e.g. a thin-provisioned volume)."""
+    real, calls = os.pwrite, [0]
+
+    def pwrite(fd: int, data, offset: int) -> int:
+        calls[0] += 1
+        if calls[0] > 40:
+            _enospc()
+        return real(fd, data, offset)
+
+    monkeypatch.setattr(os, "pwrite", pwrite)
+    out = tmp_path / "out"
+    _fails(cli, make_checkpoint("tiny-gqa"), out, "--tp", 2, "--pp", 2, code=3, says="no space left on device")
+    _no_manifest(out)
+    monkeypatch.setattr(os, "pwrite", real)  # space again: the rerun completes
+    cli("convert", make_checkpoint("tiny-gqa"), out, "--tp", 2, "--pp", 2, "--json")
+    cli("check", out, "--json")
+
+
+def test_not_a_checkpoint(cli, tmp_path: Path) -> None:
+    (tmp_path / "empty").mkdir()
+    _fails(cli, tmp_path / "empty", tmp_path / "out", code=2, says="config.json")
+    _fails(cli, tmp_path / "nowhere", tmp_path / "out", code=2, says="not a directory")

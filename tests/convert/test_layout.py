@@ -1,0 +1,252 @@
+"""Every rank's tensors, values included, against the spec table (plamo2-spec.md sections 5-6,
+shard-format.md), for every tiny preset and every valid TP x PP split.
+
+The checkpoints are watermarked (each element encodes its own coordinates, exact in float32), so
+a swapped z/x half, q/k/v piece, gate/up half, head order or wrong KV head cannot go unnoticed;
+the expectation is computed in the test with plain torch slicing (convert_expect.expected_rank).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from convert_expect import (
+    Watermark,
+    assert_same_tensors,
+    expected_rank,
+    file_metadata,
+    load_hf,
+    load_rank,
+    rank_files,
+    stage_ranges,
+    vllm_pp_counts,
+)
+
+from plamo2_tools import __version__
+from plamo2_tools.convert.manifest import MANIFEST_NAME
+from plamo2_tools.synth import preset_config
+
+# Every valid split of the issue: tp in {1, 2, 4 where valid, 8 for 1 < Hkv < tp} x pp in {1, 2, 3}
+# where valid.  tiny: Hq=4 (tp<=4), L=4.  tiny-gqa: Hq=8, Hkv=2 (tp 4 and 8 replicate KV heads),
+# L=5.  tiny-edge: Hq=2 (tp<=2), L=2 (pp<=2).
+COMBOS = (
+    [("tiny", tp, pp) for tp in (1, 2, 4) for pp in (1, 2, 3)]
+    + [("tiny-gqa", tp, pp) for tp in (1, 2, 4, 8) for pp in (1, 2, 3)]
+    + [("tiny-edge", tp, pp) for tp in (1, 2) for pp in (1, 2)]
+)
+
+
+@pytest.fixture(scope="module")
+def converted(make_checkpoint, cli, tmp_path_factory):
+    """Converted output per (preset, tp, pp, extra CLI args), made once for the module."""
+    cache: dict[tuple, Path] = {}
+
+    def get(preset: str, tp: int, pp: int, *extra: str, values: str = "watermark",
+            dtype: torch.dtype = torch.float32) -> Path:  # fmt: skip
+        key = (preset, tp, pp, extra, values, dtype)
+        if key not in cache:
+            out = tmp_path_factory.mktemp(f"{preset}-tp{tp}-pp{pp}") / "out"
+            cli("convert", make_checkpoint(preset, values, dtype), out, "--tp", tp, "--pp", pp, "--json", *extra)
+            cache[key] = out
+        return cache[key]
+
+    return get
+
+
+@pytest.mark.parametrize(("preset", "tp", "pp"), COMBOS, ids=[f"{p}-tp{t}-pp{q}" for p, t, q in COMBOS])
+def test_every_rank_matches_the_spec(converted, make_checkpoint, preset: str, tp: int, pp: int) -> None:
+    out = converted(preset, tp, pp)
+    cfg = preset_config(preset)
+    hf = load_hf(make_checkpoint(preset))
+    stages = stage_ranges(vllm_pp_counts(cfg.num_hidden_layers, pp))
+    names = sorted(p.name for p in out.glob("*.safetensors"))
+    assert names == sorted(f"model-rank-{r}-part-0.safetensors" for r in range(tp * pp))
+    for rank in range(tp * pp):
+        want = expected_rank(hf, cfg, tp, stages, rank)
+        assert_same_tensors(load_rank(out, rank), want, f"{preset} tp={tp} pp={pp} rank {rank}", Watermark(cfg).decode)
+        meta = file_metadata(out / f"model-rank-{rank}-part-0.safetensors")
+        assert meta == {
+            "format": "pt",
+            "plamo2_tools_version": __version__,
+            "tp_rank": str(rank % tp),
+            "tp_size": str(tp),
+            "pp_rank": str(rank // tp),
+            "pp_size": str(pp),
+        }
+    manifest = json.loads((out / MANIFEST_NAME).read_text())
+    assert manifest["mapping"]["stages"] == [[s.start, s.stop] for s in stages]
+    assert [(r["tp_rank"], r["pp_rank"]) for r in manifest["mapping"]["ranks"]] == [
+        (r % tp, r // tp) for r in range(tp * pp)
+    ]
+
+
+def test_pp_split_follows_vllm_get_pp_indices() -> None:
+    """The examples of plamo2-spec.md section 6, through the converter's plan (not our helper)."""
+    from plamo2_tools.convert.layout import make_mapping
+
+    examples = {(16, 2): [8, 8], (16, 3): [5, 6, 5], (16, 4): [4, 4, 4, 4], (32, 3): [11, 11, 10],
+                (32, 5): [6, 6, 7, 7, 6], (32, 6): [5, 5, 5, 6, 6, 5], (16, 5): [3, 3, 3, 4, 3],
+                (5, 3): [2, 2, 1], (4, 3): [1, 2, 1]}  # fmt: skip
+    for (layers, pp), counts in examples.items():
+        cfg = preset_config("tiny").__class__.from_dict({**_raw("plamo-2-1b"), "num_hidden_layers": layers})
+        stages = make_mapping(cfg, 1, pp).stages
+        assert [b - a for a, b in stages] == counts, (layers, pp)
+        assert vllm_pp_counts(layers, pp) == counts  # keeps the test's own helper honest
+
+
+def _raw(preset: str) -> dict:
+    from plamo2_tools.synth import PRESETS
+
+    return {"model_type": "plamo2", **PRESETS[preset]}
+
+
+def test_pp_layers_override(converted, make_checkpoint) -> None:
+    """--pp-layers 1,3,1 replaces vLLM's default [2,2,1] split, like VLLM_PP_LAYER_PARTITION."""
+    out = converted("tiny-gqa", 2, 3, "--pp-layers", "1,3,1")
+    cfg = preset_config("tiny-gqa")
+    hf = load_hf(make_checkpoint("tiny-gqa"))
+    stages = stage_ranges([1, 3, 1])
+    for rank in range(6):
+        assert_same_tensors(load_rank(out, rank), expected_rank(hf, cfg, 2, stages, rank), f"rank {rank}")
+    layers = {r: sorted({int(k.split(".")[3]) for k in load_rank(out, r) if ".layers.layers." in k}) for r in (0, 2, 4)}
+    assert layers == {0: [0], 2: [1, 2, 3], 4: [4]}  # global indices, not restarted per stage
+
+
+@pytest.mark.parametrize(
+    ("preset", "pp", "rank_keys"),
+    [
+        # tied, PP=1: vLLM's state_dict keeps only the lexicographically smaller alias, lm_head
+        ("tiny", 1, {0: {"lm_head.weight"}}),
+        # tied, PP>1: the embedding on the first stage, the head on the last (same rows twice)
+        ("tiny", 2, {0: {"model.embed_tokens.weight"}, 1: {"lm_head.weight"}}),
+        ("tiny", 3, {0: {"model.embed_tokens.weight"}, 1: set(), 2: {"lm_head.weight"}}),
+        # untied: embedding first, head last
+        ("tiny-gqa", 1, {0: {"model.embed_tokens.weight", "lm_head.weight"}}),
+        ("tiny-gqa", 2, {0: {"model.embed_tokens.weight"}, 1: {"lm_head.weight"}}),
+    ],
+)
+def test_embedding_and_head_keys(converted, preset: str, pp: int, rank_keys: dict[int, set[str]]) -> None:
+    out = converted(preset, 1, pp)
+    for rank, keys in rank_keys.items():
+        got = set(load_rank(out, rank))
+        assert got & {"model.embed_tokens.weight", "lm_head.weight"} == keys, rank
+        assert ("model.norm.weight" in got) == (rank == pp - 1)
+
+
+def test_vocab_padding_and_kv_replication_spelled_out(converted, make_checkpoint) -> None:
+    """The two rules most often got wrong, with literal numbers for tiny-gqa at tp=8 (V=515 ->
+    Vp=576, 72 rows per rank; Hkv=2 -> each KV head on 4 consecutive ranks)."""
+    out = converted("tiny-gqa", 8, 1)
+    hf = load_hf(make_checkpoint("tiny-gqa"))
+    d, Hq = 16, 8
+    for rank in range(8):
+        t = load_rank(out, rank)
+        head = hf["lm_head.weight"]
+        assert t["lm_head.weight"].shape == (72, 96)
+        real = max(0, min(72, 515 - 72 * rank))
+        assert torch.equal(t["lm_head.weight"][:real], head[72 * rank : 72 * rank + real])
+        assert not t["lm_head.weight"][real:].any(), f"rank {rank}: padding rows must be zero"
+        g = rank // 4
+        qkv = hf["model.layers.layers.1.mixer.qkv_proj.weight"]
+        mine = t["model.layers.layers.1.mixer.qkv_proj.weight"]
+        assert torch.equal(mine[:d], qkv[rank * d : (rank + 1) * d])  # q head = rank
+        assert torch.equal(mine[d : 2 * d], qkv[(Hq + g) * d : (Hq + g + 1) * d])  # k head g
+        assert torch.equal(mine[2 * d :], qkv[(Hq + 2 + g) * d : (Hq + 2 + g + 1) * d])  # v head g
+        k_norm = hf["model.layers.layers.1.mixer.k_weight"][g : g + 1]  # follows the KV head, not row `rank`
+        assert torch.equal(t["model.layers.layers.1.mixer.k_norm.weight"], k_norm)
+
+
+@pytest.mark.parametrize(
+    ("src_dtype", "out_dtype", "want"),
+    [
+        (torch.float32, "bfloat16", torch.bfloat16),
+        (torch.float32, "float16", torch.float16),
+        (torch.bfloat16, "auto", torch.bfloat16),
+        (torch.bfloat16, "float32", torch.float32),
+    ],
+)
+def test_dtype_cast_with_norms_rounded_once(converted, make_checkpoint, src_dtype, out_dtype, want) -> None:
+    """Cast tensors are the source rounded once; offset norms are added in float32 and then
+    rounded once (not rounded, added, rounded again); A stays float32 whatever the dtype."""
+    out = converted("tiny-gqa", 2, 2, "--dtype", out_dtype, values="random", dtype=src_dtype)
+    cfg = preset_config("tiny-gqa")
+    hf = load_hf(make_checkpoint("tiny-gqa", "random", src_dtype))
+    stages = stage_ranges(vllm_pp_counts(cfg.num_hidden_layers, 2))
+    twice_rounded = 0
+    for rank in range(4):
+        got = load_rank(out, rank)
+        assert_same_tensors(got, expected_rank(hf, cfg, 2, stages, rank, want), f"rank {rank}")
+        assert all(t.dtype == (torch.float32 if k.endswith("mixer.A") else want) for k, t in got.items())
+        norm = "model.layers.layers.0.post_mlp_norm.weight"
+        if norm in got:
+            twice_rounded += int(not torch.equal(got[norm], (hf[norm].to(want).float() + 1 / 5**1.5).to(want)))
+    if torch.finfo(want).bits < torch.finfo(src_dtype).bits:  # the test can tell the roundings apart
+        assert twice_rounded, "the random values do not distinguish single from double rounding"
+
+
+def test_max_part_size_splits_ranks_into_parts(converted, make_checkpoint) -> None:
+    limit = 40_000
+    out = converted("tiny-gqa", 2, 1, "--max-part-size", str(limit))
+    cfg = preset_config("tiny-gqa")
+    hf = load_hf(make_checkpoint("tiny-gqa"))
+    stages = stage_ranges([cfg.num_hidden_layers])
+    for rank in range(2):
+        files = rank_files(out, rank)
+        assert len(files) > 3
+        keys_per_part = []
+        for f in files:
+            with open(f, "rb") as fh:
+                header = json.loads(fh.read(int.from_bytes(fh.read(8), "little")))
+            meta = header.pop("__metadata__")
+            assert meta["tp_rank"] == str(rank) and meta["format"] == "pt"
+            payload = sum(e["data_offsets"][1] - e["data_offsets"][0] for e in header.values())
+            assert payload <= limit or len(header) == 1, f"{f.name}: {payload} bytes in {len(header)} tensors"
+            keys_per_part.append(sorted(header))
+        # greedy in sorted key order: every part's keys come after the previous part's
+        flat = [k for keys in keys_per_part for k in keys]
+        assert flat == sorted(flat)
+        assert_same_tensors(load_rank(out, rank), expected_rank(hf, cfg, 2, stages, rank), f"rank {rank}")
+    manifest = json.loads((out / MANIFEST_NAME).read_text())
+    assert manifest["mapping"]["ranks"][0]["files"] == [f.name for f in rank_files(out, 0)]
+
+
+def test_transformed_values_spelled_out(converted, make_checkpoint) -> None:
+    """A = -exp(A_log) in float32 and the five offsets, as literal formulas on one rank."""
+    out = converted("tiny", 2, 1)
+    hf = load_hf(make_checkpoint("tiny"))
+    t = load_rank(out, 1)
+    p = "model.layers.layers.0."
+    assert torch.equal(t[p + "mixer.A"], -torch.exp(hf[p + "mixer.A_log"][4:8].float()))
+    for norm, off in (("pre_mixer_norm", 1.0), ("post_mixer_norm", 0.2), ("pre_mlp_norm", 1.0),
+                      ("post_mlp_norm", 0.08944271909999159)):  # fmt: skip
+        assert torch.equal(t[p + norm + ".weight"], hf[p + norm + ".weight"] + torch.tensor(off, dtype=torch.float32))
+    assert torch.equal(t["model.norm.weight"], hf["model.norm.weight"] + 1.0)
+    for n in ("dt", "B", "C"):  # renamed, no offset
+        assert torch.equal(t[p + f"mixer.{n}_norm.weight"], hf[p + f"mixer.{n}_norm_weight"])
+    assert math.isclose(0.08944271909999159, 1 / 5**1.5)
+
+
+CHUNKED = [("tiny-gqa", 4, 2), ("tiny-gqa", 8, 1), ("tiny", 2, 3), ("tiny-edge", 2, 1)]
+
+
+@pytest.mark.parametrize(("preset", "tp", "pp"), CHUNKED)
+def test_many_small_chunks(cli, make_checkpoint, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                           preset: str, tp: int, pp: int) -> None:  # fmt: skip
+    """Real tensors are streamed in 64 MiB row chunks; the tiny ones fit in one.  Chunks of 2688
+    bytes (7 rows of D=96 floats, 4 rows of F=160, 672 elements of a vector) cut through heads,
+    gate/up halves, vocab shards and padding at odd places."""
+    from plamo2_tools.convert import engine
+
+    monkeypatch.setattr(engine, "CHUNK_BYTES", 7 * 96 * 4)
+    out = tmp_path / "out"
+    cli("convert", make_checkpoint(preset), out, "--tp", tp, "--pp", pp, "--json")
+    cfg = preset_config(preset)
+    hf = load_hf(make_checkpoint(preset))
+    stages = stage_ranges(vllm_pp_counts(cfg.num_hidden_layers, pp))
+    for rank in range(tp * pp):
+        want = expected_rank(hf, cfg, tp, stages, rank)
+        assert_same_tensors(load_rank(out, rank), want, f"{preset} tp={tp} pp={pp} rank {rank}", Watermark(cfg).decode)

@@ -1,0 +1,130 @@
+"""An interrupted conversion resumes: finished files that verify are kept, the rest is redone,
+and the result is byte-identical to an uninterrupted run."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from convert_expect import flip_byte
+
+from plamo2_tools.convert import engine
+from plamo2_tools.convert.manifest import JOURNAL_NAME, MANIFEST_NAME
+
+SPLIT = ("--tp", "2", "--pp", "2", "--max-part-size", "1MB")
+
+
+@pytest.fixture(scope="module")
+def reference(cli, medium_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("reference") / "out"
+    cli("convert", medium_checkpoint, out, *SPLIT, "--json")
+    return out
+
+
+def _journaled(out: Path) -> list[str]:
+    try:
+        lines = (out / JOURNAL_NAME).read_text().splitlines()[1:]
+    except (FileNotFoundError, IndexError):
+        return []
+    return [json.loads(line)["file"] for line in lines if line.endswith("}")]
+
+
+def _kill_after_first_files(src: Path, out: Path, files: int = 2, timeout: float = 60.0) -> list[str]:
+    """Start the real CLI in a subprocess and SIGKILL it once `files` finished files are journaled."""
+    cmd = [sys.executable, "-m", "plamo2_tools.cli", "convert", str(src), str(out), *SPLIT, "--json"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + timeout
+    try:
+        while len(_journaled(out)) < files:
+            if proc.poll() is not None:
+                pytest.fail(f"convert ended (rc {proc.returncode}) before it could be killed: {proc.stderr.read()!r}")
+            if time.monotonic() > deadline:
+                pytest.fail("convert made no progress")
+            time.sleep(0.001)
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stderr.close()
+    assert proc.returncode == -signal.SIGKILL
+    assert not (out / MANIFEST_NAME).exists(), "the run finished before the kill: use a bigger checkpoint"
+    return _journaled(out)
+
+
+def _same_output(out: Path, reference: Path) -> None:
+    names = sorted(p.name for p in out.iterdir())
+    assert names == sorted(p.name for p in reference.iterdir())  # no journal, no .partial left
+    for name in names:
+        assert (out / name).read_bytes() == (reference / name).read_bytes(), name
+
+
+@pytest.mark.parametrize("tamper", [False, True], ids=["clean", "tampered"])
+def test_resume_after_sigkill(cli, medium_checkpoint: Path, reference: Path, tmp_path: Path, tamper: bool) -> None:
+    out = tmp_path / "out"
+    finished = _kill_after_first_files(medium_checkpoint, out)
+    planned = json.loads((reference / MANIFEST_NAME).read_text())["files"]
+    present = {p.name for p in out.glob("*.safetensors")}
+    assert finished and set(finished) <= present and present < set(planned)  # really half way
+    assert list(out.glob("*.partial")), "the kill should leave unfinished files behind"
+    if tamper:  # a finished file damaged after the fact (bad sector, stray write, ...)
+        flip_byte(out / finished[0], -10)
+    result = json.loads(cli("convert", medium_checkpoint, out, *SPLIT, "--json").stdout)
+    assert result["status"] == "resumed"
+    reused = set(result["files_reused"])
+    assert reused and reused <= present
+    expected_reused = set(finished[1:]) if tamper else set(finished)
+    assert expected_reused <= reused
+    if tamper:
+        assert finished[0] not in reused
+    _same_output(out, reference)
+
+
+def test_interrupt_in_process_then_resume(cli, medium_checkpoint: Path, reference: Path, tmp_path: Path,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """Ctrl-C (KeyboardInterrupt) half way: exit 130, no manifest, no .partial; a rerun resumes."""
+    real, calls = engine._stream_unit, [0]
+
+    def stream_unit(*args, **kwargs):
+        calls[0] += 1
+        if calls[0] == 10:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(engine, "_stream_unit", stream_unit)
+    out = tmp_path / "out"
+    r = cli("convert", medium_checkpoint, out, *SPLIT, expect=130)
+    assert "run again to resume" in " ".join(r.stderr.split())  # Rich wraps at 80 columns here
+    assert not (out / MANIFEST_NAME).exists() and not list(out.glob("*.partial"))
+    kept = _journaled(out)
+    assert len(kept) >= 2
+    monkeypatch.setattr(engine, "_stream_unit", real)
+    result = json.loads(cli("convert", medium_checkpoint, out, *SPLIT, "--json").stdout)
+    assert result["status"] == "resumed" and set(kept) <= set(result["files_reused"])
+    _same_output(out, reference)
+
+
+def test_unfinished_run_with_other_options_is_discarded(cli, medium_checkpoint: Path, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    real, calls = engine._stream_unit, [0]
+
+    def stream_unit(*args, **kwargs):
+        calls[0] += 1
+        if calls[0] == 3:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(engine, "_stream_unit", stream_unit)
+    out = tmp_path / "out"
+    cli("convert", medium_checkpoint, out, *SPLIT, expect=130)
+    monkeypatch.setattr(engine, "_stream_unit", real)
+    result = json.loads(cli("convert", medium_checkpoint, out, "--tp", 4, "--json").stdout)
+    assert result["status"] == "converted" and not result["files_reused"]
+    assert sorted(p.name for p in out.glob("model-rank-*")) == [f"model-rank-{r}-part-0.safetensors" for r in range(4)]
+    cli("check", out, "--json")
+    assert os.path.exists(out / MANIFEST_NAME)

@@ -1,0 +1,100 @@
+"""Fixtures for the evaluation tests: one tiny synthetic model converted to TP1xPP1 and TP2xPP2,
+in-process runtimes over both, the plamo2 lm-eval model around them, and the self-written
+mini-GSM8K fixture (tests/eval/data/gsm8k_mini, real JSONL schema, not GSM8K data)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from eval_helpers import SpyRuntime
+from typer.testing import CliRunner, Result
+
+from plamo2_tools.cli import app
+from plamo2_tools.convert.engine import convert
+from plamo2_tools.eval.gsm8k_task import Gsm8kData, load_gsm8k_data
+from plamo2_tools.eval.plamo2_lm import Plamo2LM
+from plamo2_tools.runtime.engine import Runtime
+from plamo2_tools.synth import synth
+
+MINI_GSM8K = Path(__file__).parent / "data" / "gsm8k_mini"
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_intra_op_thread() -> Iterator[None]:
+    """The model is tiny: a second OpenMP thread only adds synchronisation, and on a busy 2-core
+    machine it makes decode an order of magnitude slower.  Restored after each module."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="session")
+def shard_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The same random tiny model as TP1xPP1 ("tp1pp1") and TP2xPP2 ("tp2pp2") shards."""
+    root = tmp_path_factory.mktemp("eval-model")
+    synth(root / "hf", "tiny", seed=5)
+    dirs = {}
+    for tp, pp in ((1, 1), (2, 2)):
+        dirs[f"tp{tp}pp{pp}"] = root / f"tp{tp}pp{pp}"
+        convert(root / "hf", dirs[f"tp{tp}pp{pp}"], tp=tp, pp=pp)
+    return dirs
+
+
+@pytest.fixture(scope="session")
+def runtimes(shard_dirs: dict[str, Path]) -> dict[str, Runtime]:
+    """In-process runtimes (ranks as threads), loaded once per layout."""
+    return {name: Runtime(path, mode="local") for name, path in shard_dirs.items()}
+
+
+@pytest.fixture(scope="session")
+def runtime(runtimes: dict[str, Runtime]) -> Runtime:
+    return runtimes["tp1pp1"]
+
+
+MakeLM = Callable[..., Plamo2LM]
+
+
+@pytest.fixture(scope="session")
+def make_lm(runtimes: dict[str, Runtime], shard_dirs: dict[str, Path]) -> MakeLM:
+    """Plamo2LM over a shared runtime; keyword arguments go to the constructor."""
+
+    def make(layout: str = "tp1pp1", runtime: Any = None, **kwargs: Any) -> Plamo2LM:
+        rt = runtime if runtime is not None else runtimes[layout]
+        return Plamo2LM(pretrained=str(shard_dirs[layout]), runtime=rt, **kwargs)
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def mini_data() -> Gsm8kData:
+    return load_gsm8k_data(MINI_GSM8K, allow_unverified=True)
+
+
+@pytest.fixture
+def spy(runtime: Runtime) -> SpyRuntime:
+    return SpyRuntime(runtime)
+
+
+Cli = Callable[..., Result]
+
+
+@pytest.fixture(scope="session")
+def cli() -> Cli:
+    """Run `plamo2-tools ARGS` in-process; stdout and stderr are kept apart."""
+    runner = CliRunner()
+
+    def run(*args: str | Path, expect: int | None = 0) -> Result:
+        result = runner.invoke(app, [str(a) for a in args])
+        if expect is not None and result.exit_code != expect:
+            raise AssertionError(
+                f"plamo2-tools {' '.join(map(str, args))}: exit {result.exit_code}, expected {expect}\n"
+                f"stdout: {result.stdout}\nstderr: {result.stderr}\nexception: {result.exception!r}"
+            )
+        return result
+
+    return run

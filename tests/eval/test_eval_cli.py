@@ -1,0 +1,65 @@
+"""`plamo2-tools eval` and `plamo2-tools lm-eval` end to end (in-process CLI)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import MINI_GSM8K
+from lm_eval.utils import sanitize_model_name
+
+from plamo2_tools.eval.gsm8k_task import write_task_yaml
+
+
+def test_eval_command_on_the_fixture(cli, shard_dirs, tmp_path: Path) -> None:
+    shards = shard_dirs["tp2pp2"]
+    common = [
+        shards,
+        "--tasks",
+        "gsm8k",
+        "--gsm8k-dir",
+        MINI_GSM8K,
+        "--allow-unverified-data",
+        "--bootstrap-iters",
+        "0",
+    ]
+    result = cli("eval", *common, "--limit", "2", "--batch-size", "2", "--output-path", tmp_path / "out")
+    assert "|Tasks|Version|" in result.stdout and "strict-match" in result.stdout
+    assert "not the official GSM8K files" in result.stderr
+    directory = tmp_path / "out" / sanitize_model_name(str(shards))
+    saved = json.loads((directory / "results.json").read_text())
+    assert saved["n-samples"]["gsm8k"] == {"original": 4, "effective": 2}
+    assert saved["config"]["tp"] == 2 and saved["config"]["pp"] == 2 and saved["config"]["limit"] == 2
+    assert len(list(directory.glob("results_*.json"))) == 1 and len(list(directory.glob("samples_gsm8k_*.jsonl"))) == 1
+
+    # --json: a machine-readable summary on stdout only (a cheap 1-shot, 8-token run)
+    result = cli("eval", *common, "--limit", "1", "--num-fewshot", "1", "--max-gen-toks", "8", "--json")
+    summary = json.loads(result.stdout)
+    assert summary["n-shot"]["gsm8k"] == 1 and summary["files"] == {}
+    assert 0.0 <= summary["results"]["gsm8k"]["exact_match,strict-match"] <= 1.0
+
+
+def test_eval_command_errors(cli, shard_dirs, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("PLAMO2_GSM8K_DIR", raising=False)
+    shards = shard_dirs["tp1pp1"]
+    assert "--gsm8k-dir" in cli("eval", shards, expect=2).stderr
+    assert "official" in cli("eval", shards, "--gsm8k-dir", MINI_GSM8K, expect=2).stderr
+    assert "unsupported task" in cli("eval", shards, "--tasks", "mmlu", "--gsm8k-dir", MINI_GSM8K, expect=2).stderr
+
+
+@pytest.mark.slow
+def test_lm_eval_passthrough_runs_the_plamo2_model(cli, mini_data, shard_dirs, tmp_path: Path, monkeypatch) -> None:
+    """lm-eval's own CLI (it indexes all built-in task YAMLs: ~15-35 s) with --model plamo2."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf-datasets"))
+    tasks = write_task_yaml(mini_data, tmp_path / "tasks").parent
+    shards = shard_dirs["tp1pp1"]
+    cli("lm-eval", "run", "--model", "plamo2", "--model_args", f"pretrained={shards},max_gen_toks=8",
+        "--tasks", "gsm8k", "--include_path", tasks, "--num_fewshot", "1", "--limit", "1", "--batch_size", "2",
+        "--device", "cpu", "--output_path", tmp_path / "out", "--log_samples")  # fmt: skip
+    directory = tmp_path / "out" / sanitize_model_name(str(shards))
+    saved = json.loads(next(directory.glob("results_*.json")).read_text())
+    assert saved["config"]["model"] == "plamo2" and saved["config"]["shards"] == str(shards)
+    assert saved["versions"]["gsm8k"] == 3.0 and saved["n-samples"]["gsm8k"]["effective"] == 1
+    assert len(list(directory.glob("samples_gsm8k_*.jsonl"))) == 1

@@ -1,0 +1,215 @@
+"""`plamo2-tools synth`, `inspect` and `logits` through the command line."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from plamo2_tools.checkpoint import HFCheckpoint
+from plamo2_tools.reference import reference_logits
+from plamo2_tools.synth import TINY_PRESETS, preset_config
+
+from .conftest import CliResult, MakeCkpt
+
+Cli = Callable[..., CliResult]
+
+
+def assert_one_line_error(r: CliResult, code: int = 2) -> str:
+    """A user error: the given exit code, one line on stderr, no traceback, nothing on stdout."""
+    assert r.exception is None, repr(r.exception)
+    assert r.exit_code == code
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr
+    assert lines[0].startswith("error:")
+    assert "Traceback" not in r.stderr + r.stdout
+    return lines[0]
+
+
+# ---- synth + inspect + logits for every tiny preset ----------------------------------------------
+@pytest.mark.parametrize("preset", TINY_PRESETS)
+def test_synth_inspect_logits(tmp_path: Path, cli: Cli, preset: str) -> None:
+    out = tmp_path / "ckpt"
+    cfg = preset_config(preset)
+    r = cli("synth", out, "--preset", preset, "--seed", "17", "--json")
+    assert r.exit_code == 0, r.stderr
+    info = json.loads(r.stdout)
+    assert info["parameters"] == cfg.num_parameters() and info["preset"] == preset and info["seed"] == 17
+
+    r = cli("inspect", out, "--json")
+    assert r.exit_code == 0, r.stderr
+    info = json.loads(r.stdout)
+    assert info["kind"] == "hf"
+    assert info["parameters"] == info["expected_parameters"] == cfg.num_parameters()
+    assert info["tensors"] == len(cfg.hf_tensor_shapes())
+    assert info["inventory_problems"] == []
+    assert [x["kind"] for x in info["layers"]] == list(cfg.layer_kinds)
+    assert info["config"]["padded_vocab"] == cfg.padded_vocab and info["config"]["dt_rank"] == cfg.dt_rank
+
+    r = cli("inspect", out)
+    assert r.exit_code == 0, r.stderr
+    assert f"parameters: {cfg.num_parameters():,}" in r.stdout
+    assert "all tensors present" in r.stdout
+
+    ids = [1, 0, cfg.vocab_size - 1, *range(5, 5 + 2 * cfg.attention_window_size)]
+    npy = tmp_path / "logits.npy"
+    r = cli("logits", out, "--input-ids", ",".join(map(str, ids)), "--out", npy)
+    assert r.exit_code == 0, r.stderr
+    got = np.load(npy)
+    assert got.dtype == np.float32 and got.shape == (len(ids), cfg.vocab_size)
+    with HFCheckpoint(out) as ckpt:
+        expected = reference_logits(ckpt, [ids], torch.float64)[0].numpy()
+    np.testing.assert_array_equal(got, expected)
+
+    r = cli("logits", out, "--input-ids", "1,2,3", "--out", npy, "--precision", "float32")
+    assert r.exit_code == 0, r.stderr
+    assert np.load(npy).shape == (3, cfg.vocab_size)
+
+
+def test_synth_is_deterministic_through_the_cli(tmp_path: Path, cli: Cli) -> None:
+    def bytes_of(seed: int, name: str) -> bytes:
+        out = tmp_path / name
+        assert cli("synth", out, "--preset", "tiny-edge", "--seed", str(seed), "--json").exit_code == 0
+        return (out / "model.safetensors").read_bytes()
+
+    assert bytes_of(3, "a") == bytes_of(3, "b") != bytes_of(4, "c")
+
+
+def test_synth_multi_file(tmp_path: Path, cli: Cli) -> None:
+    out = tmp_path / "ckpt"
+    r = cli("synth", out, "--preset", "tiny", "--files", "3", "--json")
+    assert r.exit_code == 0 and json.loads(r.stdout)["files"] == 3
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    assert len(set(index["weight_map"].values())) == 3
+    info = json.loads(cli("inspect", out, "--json").stdout)
+    assert len(info["files"]) == 3 and info["inventory_problems"] == []
+    assert sum(f["tensors"] for f in info["files"]) == info["tensors"]
+
+
+@pytest.mark.parametrize(
+    ("args", "match"),
+    [
+        (["--preset", "plamo-2-2b"], "unknown preset"),
+        (["--dtype", "float8"], "unknown dtype"),
+        (["--files", "0"], "files"),
+        (["--files", "1000"], "files"),
+    ],
+)
+def test_synth_bad_input(tmp_path: Path, cli: Cli, args: list[str], match: str) -> None:
+    assert match in assert_one_line_error(cli("synth", tmp_path / "x", *args, "--json"))
+
+
+def test_synth_refuses_existing_output(tmp_path: Path, cli: Cli) -> None:
+    out = tmp_path / "ckpt"
+    assert cli("synth", out, "--preset", "tiny-edge", "--json").exit_code == 0
+    assert "--force" in assert_one_line_error(cli("synth", out, "--preset", "tiny-edge", "--json"))
+    assert cli("synth", out, "--preset", "tiny-edge", "--force", "--json").exit_code == 0
+
+
+# ---- inspect: TP/PP table and broken checkpoints -------------------------------------------------
+def test_inspect_split_table(cli: Cli, make_ckpt: MakeCkpt) -> None:
+    path = make_ckpt("tiny", 0)  # Hq 4, Hkv 1, Hm 8, F 96, Vp 1024, L 4
+    info = json.loads(cli("inspect", path, "--json").stdout)
+    tp = {row["tp"]: row for row in info["splits"]["tp"]}
+    assert tp[1]["ok"] and tp[2]["ok"] and tp[4]["ok"]
+    assert not tp[3]["ok"]
+    assert any("does not divide" in reason for reason in tp[3]["reasons"])
+    assert not tp[8]["ok"] and "tp=8 does not divide 4 attention heads" in tp[8]["reasons"]
+    pp = {row["pp"]: row for row in info["splits"]["pp"]}
+    assert pp[2]["ok"] and pp[2]["layers"] == [2, 2]
+    assert pp[3]["ok"] and pp[3]["layers"] == [1, 2, 1]  # vLLM: the extra layer goes before the last
+    assert not pp[5]["ok"] and "more stages" in pp[5]["reasons"][0]
+
+    text = cli("inspect", path).stdout
+    assert "possible splits" in text
+    row = next(line for line in text.splitlines() if "tp=3 " in line)
+    assert "no" in row and "does not divide" in row
+
+
+def test_inspect_reports_gqa_replication_note(cli: Cli, make_ckpt: MakeCkpt) -> None:
+    info = json.loads(cli("inspect", make_ckpt("tiny-gqa", 0), "--json").stdout)
+    tp4 = next(row for row in info["splits"]["tp"] if row["tp"] == 4)
+    assert tp4["ok"] and "replicated" in tp4["notes"][0]
+
+
+@pytest.fixture
+def broken(make_ckpt: MakeCkpt, copy_ckpt: Callable[[Path], Path]) -> Path:
+    """tiny with one tensor missing, one unexpected and one misshapen."""
+    path = copy_ckpt(make_ckpt("tiny", 0))
+    tensors = load_file(path / "model.safetensors")
+    del tensors["model.layers.layers.2.mixer.dt_bias"]
+    tensors["model.layers.layers.1.mixer.rotary_emb.inv_freq"] = torch.zeros(8)
+    tensors["model.layers.layers.3.mlp.down_proj.weight"] = torch.zeros(64, 95)
+    save_file(tensors, str(path / "model.safetensors"))
+    return path
+
+
+def test_inspect_json_reports_inventory_problems(cli: Cli, broken: Path) -> None:
+    r = cli("inspect", broken, "--json")
+    assert r.exit_code == 0, r.stderr
+    problems = json.loads(r.stdout)["inventory_problems"]
+    assert sorted(problems) == sorted(
+        [
+            "missing tensor model.layers.layers.2.mixer.dt_bias [8]",
+            "unexpected tensor model.layers.layers.1.mixer.rotary_emb.inv_freq [8]",
+            "wrong shape for model.layers.layers.3.mlp.down_proj.weight: [64, 95], expected [64, 96]",
+        ]
+    )
+    text = cli("inspect", broken).stdout
+    assert "inventory problems (3)" in text
+
+
+def test_logits_refuses_broken_checkpoint(tmp_path: Path, cli: Cli, broken: Path) -> None:
+    r = cli("logits", broken, "--input-ids", "1,2", "--out", tmp_path / "x.npy")
+    msg = r.stderr
+    assert r.exception is None and r.exit_code == 2 and "Traceback" not in msg
+    assert "3 problem(s)" in msg
+    for name in ("2.mixer.dt_bias", "1.mixer.rotary_emb.inv_freq", "3.mlp.down_proj.weight"):
+        assert f"model.layers.layers.{name}" in msg
+    assert not (tmp_path / "x.npy").exists()
+
+
+def test_inspect_corrupt_file_is_one_line(cli: Cli, make_ckpt: MakeCkpt, copy_ckpt: Callable[[Path], Path]) -> None:
+    path = copy_ckpt(make_ckpt("tiny", 0))
+    data = (path / "model.safetensors").read_bytes()
+    (path / "model.safetensors").write_bytes(data[:-10])
+    assert "truncated" in assert_one_line_error(cli("inspect", path, "--json"))
+
+
+# ---- logits: bad input ----------------------------------------------------------------------------
+@pytest.mark.parametrize("ids", ["1,2,1000", "1000", "5,-1", "0,99999999"])
+def test_logits_token_outside_vocabulary(tmp_path: Path, cli: Cli, make_ckpt: MakeCkpt, ids: str) -> None:
+    r = cli("logits", make_ckpt("tiny", 0), "--input-ids", ids, "--out", tmp_path / "x.npy")
+    assert "outside the vocabulary" in assert_one_line_error(r)
+    assert not (tmp_path / "x.npy").exists()
+
+
+@pytest.mark.parametrize("what", ["no-dir", "empty-dir", "no-weights"])
+def test_logits_missing_checkpoint(tmp_path: Path, cli: Cli, make_ckpt: MakeCkpt, what: str) -> None:
+    path = tmp_path / "ckpt"
+    if what != "no-dir":
+        path.mkdir()
+    if what == "no-weights":
+        (path / "config.json").write_bytes((make_ckpt("tiny", 0) / "config.json").read_bytes())
+    r = cli("logits", path, "--input-ids", "1,2", "--out", tmp_path / "x.npy")
+    assert_one_line_error(r)
+
+
+def test_logits_errors_in_a_real_process(tmp_path: Path, make_ckpt: MakeCkpt) -> None:
+    """The same contract outside CliRunner (real terminal handling, real exit): exit 2, one stderr
+    line, no traceback.  One case only: a process start costs seconds."""
+    args = [str(make_ckpt("tiny", 0)), "--input-ids", "1,1000", "--out", str(tmp_path / "x.npy")]
+    p = subprocess.run(
+        [sys.executable, "-m", "plamo2_tools.cli", "logits", *args],
+        capture_output=True, text=True, env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"}, timeout=120,
+    )  # fmt: skip
+    assert p.returncode == 2, p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1 and "Traceback" not in p.stderr, p.stderr
+    assert "outside the vocabulary" in p.stderr and p.stdout == ""

@@ -1,0 +1,177 @@
+"""Verify results, the convert and kernel benchmarks, and convert / check / inspect --json output:
+each renders its table(s) and, where it has one, a valid PNG plot."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from conftest import assert_png, assert_tables_well_formed, image_links, table_rows
+
+from plamo2_tools.report import ReportResult, build_report
+
+
+def render(tmp_path: Path, *inputs: Path) -> tuple[str, ReportResult]:
+    result = build_report(list(inputs), tmp_path / "out" / "r.md", timestamp=False)
+    md = result.out.read_text()
+    assert_tables_well_formed(md)
+    for link in image_links(md):
+        assert_png(result.out.parent / link)
+    return md, result
+
+
+def row(rows: list[list[str]], first: str, column: int = 0) -> list[str]:
+    return next(r for r in rows if len(r) > column and r[column] == first)
+
+
+# ---- verify ----------------------------------------------------------------------------------
+def test_verify_table_per_layout_and_plot(fixtures: Path, tmp_path: Path) -> None:
+    md, result = render(tmp_path, fixtures / "verify")
+    rows = table_rows(md)
+    assert rows.count(["Layout", "Shards", "dtype", "Ranks", "Launch", "Backend", "max \\|Δlogit\\|", "max rel err",
+                       "mean KL", "top-1", "greedy match", "logprobs close", "Thresholds", "Result"]) == 2  # fmt: skip
+    assert row(rows, "TP2×PP2")[1:] == [
+        "`shards/tp2pp2-bf16`", "bfloat16", "4", "torchrun", "triton/cuda", "4.10e-01", "8.70e-02", "1.20e-02",
+        "0.8500", "0.250 (8/32)", "no", "max_rel_err < 0.1, mean_kl < 0.01, top1_agreement ≥ 0.9", "**FAIL**",
+    ]  # fmt: skip
+    tp4 = row(rows, "TP4×PP1")
+    assert tp4[6:9] == ["0", "0", "0"] and tp4[-1] == "pass" and tp4[10] == "1.000 (128/128)"
+    assert "verify-bf16.json`: **FAILED**" in md and "verify-cpu.json`: passed" in md
+    assert "- TP2×PP2 top1_agreement = 0.85 (needs >= 0.9)" in md
+    assert [p.name for p in result.plots] == ["r-logit-error.png", "r-logit-error-2.png"]
+    assert_png(result.plots[0], size=(800, 360))
+    assert any("2 failure(s) in 1 layout(s)" in w for w in result.warnings)
+
+
+def test_cell_text_cannot_break_a_table(tmp_path: Path) -> None:
+    layout = {
+        "shards": "odd|name",
+        "tp": 1,
+        "pp": 1,
+        "dtype": "float32",
+        "metrics": {"max_rel_err": 1e-7},
+        "passed": False,
+        "failures": ["a | b\nc"],
+    }
+    (tmp_path / "v.json").write_text(json.dumps({"kind": "plamo2-verify", "layouts": [layout], "passed": False}))
+    md, _ = render(tmp_path, tmp_path / "v.json")  # render() checks every table row's cell count
+    assert "`odd\\|name`" in md and "(no run details in the file)" in md
+
+
+# ---- convert benchmark -------------------------------------------------------------------------
+def test_convert_bench_table_and_plot(fixtures: Path, tmp_path: Path) -> None:
+    md, result = render(tmp_path, fixtures / "bench" / "bench-convert.json")
+    rows = table_rows(md)
+    assert row(rows, "TP2×PP2") == [
+        "TP2×PP2", "4.950 s (median of 3, 4.880–5.020)", "3.420 s", "1.45×", "0.53", "640.2 MB", "2.606 GB", "205.5 MB",
+    ]  # fmt: skip
+    assert row(rows, "host.disk") == ["host.disk", "nvme"]
+    assert row(rows, "TP4×PP2: bytes_written") == ["TP4×PP2: bytes_written", "2,883,584,000"]
+    assert [p.name for p in result.plots] == ["r-convert-time.png"]
+
+
+def test_convert_bench_other_shapes(tmp_path: Path) -> None:
+    """Runs keyed by target with nested timings are found; a file without runs becomes a key/value table."""
+    keyed = {
+        "kind": "plamo2-bench-convert",
+        "cp": {"wall_s": 2.0},
+        "results": {"tp2pp1": {"convert": {"seconds": 3.0}, "GB/s": 1.5, "peak_rss": 10_000_000, "cpus": 8}},
+    }
+    bare = {"kind": "plamo2-bench-convert", "summary": {"mean_seconds": 1.25, "peak_rss_bytes": 2_000_000_000}}
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "a.json").write_text(json.dumps(keyed))
+    (tmp_path / "in" / "b.json").write_text(json.dumps(bare))
+    md, result = render(tmp_path, tmp_path / "in")
+    rows = table_rows(md)
+    assert row(rows, "tp2pp1") == ["tp2pp1", "3.000 s", "2.000 s", "1.50×", "1.50", "10.0 MB", "—", "—"]
+    assert row(rows, "tp2pp1: cpus") == ["tp2pp1: cpus", "8"]
+    assert "No per-target runs with a convert time were recognised" in md
+    assert row(rows, "summary.peak_rss_bytes") == ["summary.peak_rss_bytes", "2.000 GB (2,000,000,000 B)"]
+    assert len(result.plots) == 1  # only the file with runs has a plot
+
+
+# ---- kernel benchmark --------------------------------------------------------------------------
+def test_kernel_bench_ours_vs_peers(fixtures: Path, tmp_path: Path) -> None:
+    md, result = render(tmp_path, fixtures / "bench" / "kernels.json", fixtures / "bench" / "kernels.jsonl")
+    rows = table_rows(md)
+    ssd = [r for r in rows if r[:1] == ["1b-T2048"]]
+    assert [r[1] for r in ssd] == ["**ours**", "mamba_ssm", "torch"]  # ours first, peers by name
+    assert [r[-1] for r in ssd] == ["", "0.65×", "0.38×"]  # ours / peer median time
+    assert row(rows, "8b-T8192")[-1] == "" and [r[-1] for r in rows if r[:2] == ["8b-T8192", "mamba_ssm"]] == ["1.15×"]
+    assert row(rows, "liger", 1)[-1] == "error: not installed"
+    graph = [r for r in rows if r[:2] == ["model=1b batch=1", "graph"]]
+    assert [r[2] for r in graph] == ["**ours**", "mamba_ssm"] and graph[1][-1] == "0.58×"
+    assert row(rows, "device") == ["device", "NVIDIA H200"]
+    assert [p.name for p in result.plots] == ["r-kernels.png", "r-kernels-2.png"]
+    assert_png(result.plots[0], size=(1000, 2 * 260))  # one panel per kernel with a peer: ssd, rmsnorm
+
+
+def bench_kernels_py_records() -> list[dict]:
+    """Records shaped like bench/kernels.py writes them (sections, flat shape fields, ms_p50, graph timings)."""
+    return [
+        {"section": "env", "torch": "2.11.0", "device": "NVIDIA H200", "copy_GBps": 4270.0, "t": 0.5},
+        {"section": "check", "kernel": "ssd_chunk_scan", "impl": "triton", "dtype": "torch.bfloat16",
+         "rel_err": 3.4e-3, "ok": True, "model": "1b", "Q": 256, "T": 2048, "config": "BLOCK_M: 64, num_warps: 4"},
+        {"section": "check", "kernel": "ssd_chunk_scan", "impl": "triton", "dtype": "torch.bfloat16",
+         "rel_err": 2.0e-2, "ok": False, "model": "1b", "Q": 128, "T": 2048},
+        {"section": "perf", "kernel": "ssd_chunk_scan", "impl": "triton_Q256", "model": "1b", "layout": "B1",
+         "T": 2048, "S": 1, "first_call_s": 2.5, "ms_p20": 0.60, "ms_p50": 0.62, "ms_p80": 0.65, "GBps": 900.0,
+         "frac_copy": 0.21, "TFLOPs": 35.0, "frac_matmul": 0.05, "graph_ms_p20": 0.50, "graph_ms_p50": 0.51,
+         "graph_ms_p80": 0.52, "graph_GBps": 1100.0, "t": 10.0},
+        {"section": "perf", "kernel": "ssd_chunk_scan", "impl": "triton_Q128", "model": "1b", "layout": "B1",
+         "T": 2048, "S": 1, "ms_p20": 0.70, "ms_p50": 0.71, "ms_p80": 0.75, "t": 11.0},
+        {"section": "perf", "kernel": "ssd_chunk_scan", "impl": "mamba_ssm_Q256", "model": "1b", "layout": "B1",
+         "T": 2048, "S": 1, "ms_p20": 1.05, "ms_p50": 1.09, "ms_p80": 1.12, "graph_ms_p50": 1.02, "t": 12.0},
+        {"section": "ratio", "kernel": "ssd_chunk_scan", "model": "1b", "layout": "B1", "T": 2048, "S": 1,
+         "peer": "mamba_ssm", "ours_over_peer_time": 0.569, "t": 12.1},
+        {"section": "perf", "kernel": "ssd_chunk_scan", "impl": "torch", "model": "1b", "layout": "B1", "T": 2048,
+         "S": 1, "error": "RuntimeError('out of memory')", "t": 13.0},
+        {"section": "skip", "kernel": "ssd_chunk_scan", "impl": "torch", "reason": "budget", "model": "8b", "t": 14.0},
+        {"section": "done", "what": "ssd", "seconds": 14.2, "t": 14.2},
+        {"section": "error", "what": "norms", "error": "ImportError('x')", "t": 15.0},
+        {"section": "final", "checks": 2, "failed_checks": 1, "seconds": 15.5, "t": 15.5},
+    ]  # fmt: skip
+
+
+def test_kernel_bench_py_output(tmp_path: Path) -> None:
+    """kernels.json ({"env", "records"}, no kind) and the streamed kernels.jsonl of the same run render
+    once; a cut last line of the stream is tolerated."""
+    records = bench_kernels_py_records()
+    run = tmp_path / "bench-out"
+    run.mkdir()
+    (run / "kernels.json").write_text(json.dumps({"env": records[0], "records": records[:-1]}, indent=1))
+    (run / "kernels.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records) + '{"section": "perf", "ker')
+    md, result = render(tmp_path, run)
+    assert [d.name for d in result.docs] == [f"{run.as_posix()}/kernels.jsonl"]
+    assert "all its measurements are also in" in result.skipped[0].reason
+    rows = table_rows(md)
+    shape = "model=1b layout=B1 T=2048 S=1"
+    eager = [r for r in rows if r[:2] == [shape, "eager"]]
+    assert [r[2] for r in eager] == ["**triton_Q128**", "**triton_Q256**", "mamba_ssm_Q256", "torch"]
+    assert eager[2][3:] == ["1.09", "1.05–1.12", "—", "—", "—", "—", "0.57×", ""]  # best ours 0.62 / 1.09
+    assert eager[1][3:9] == ["0.62", "0.6–0.65", "900", "21", "35", "2.5"]
+    assert eager[3][-1] == "error: RuntimeError('out of memory')"
+    graph = [r for r in rows if r[:2] == [shape, "graph"]]
+    assert [r[2] for r in graph] == ["**triton_Q256**", "mamba_ssm_Q256"] and graph[1][-2] == "0.50×"
+    failing = row(rows, "ssd_chunk_scan")
+    assert failing[1:] == ["triton", "bfloat16", "2", "2.00e-02", "model=1b Q=128 T=2048", "**FAIL** (1)"]
+    assert row(rows, "section seconds.ssd")[1] == "14.2" and row(rows, "final.failed_checks")[1] == "1"
+    assert "1 measurement(s) were skipped for lack of time budget." in md
+    assert any("1 correctness check(s) failed" in w for w in result.warnings)
+    assert any("section norms failed" in w for w in result.warnings)
+    assert len(result.plots) == 1
+
+
+# ---- convert / check / inspect -------------------------------------------------------------------
+def test_tool_json_tables(fixtures: Path, tmp_path: Path) -> None:
+    md, result = render(tmp_path, fixtures / "tools")
+    rows = table_rows(md)
+    convert = row(rows, f"`{(fixtures / 'tools' / 'convert.json').as_posix()}`")
+    assert convert[1:5] == ["`shards`", "TP2×PP2", "converted", "0.168 s"] and convert[-2:] == ["4", "0"]
+    failed = next(r for r in rows if r[2:3] == ["**FAILED**"])
+    assert failed[3:] == ["7", "headers: 4"]
+    assert any(r[2:] == ["ok", "7", "none"] for r in rows)
+    inspect = next(r for r in rows if r[2:3] == ["TP2×PP2"] and r[3].startswith("D="))
+    assert inspect[3] == "D=64 L=4 V=1000" and inspect[5] == "114"
+    assert result.plots == []
+    assert result.warnings == ["check `shards` found problems in: headers"]

@@ -1,0 +1,210 @@
+"""The runtime on shards against the reference forward on the original checkpoint."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from plamo2_tools.convert.layout import pp_problems, tp_problems
+from plamo2_tools.runtime.engine import Runtime
+from plamo2_tools.runtime.jobs import runtime_outputs
+from plamo2_tools.runtime.launch import launch
+from plamo2_tools.runtime.verify import THRESHOLDS, compare, judge, verify
+from plamo2_tools.synth import preset_config
+
+GREEDY_STEPS = 32  # the reference fixture's continuation length (conftest.py)
+
+
+def valid_layouts(preset: str, max_ranks: int = 8) -> list[tuple[int, int]]:
+    cfg = preset_config(preset)
+    return [
+        (tp, pp)
+        for tp in (1, 2, 4, 8)
+        for pp in range(1, cfg.num_hidden_layers + 1)
+        if tp * pp <= max_ranks and not tp_problems(cfg, tp) and not pp_problems(cfg, pp)
+    ]
+
+
+LAYOUTS = [(p, tp, pp) for p in ("tiny", "tiny-gqa", "tiny-edge") for tp, pp in valid_layouts(p)]
+
+
+@pytest.mark.parametrize(("preset", "tp", "pp"), LAYOUTS, ids=[f"{p}-tp{t}-pp{q}" for p, t, q in LAYOUTS])
+def test_every_layout_matches_the_reference(preset, tp, pp, shards, prompts, reference):
+    """fp32 shards: max relative logit error < 1e-4 and the same 32 greedy tokens."""
+    ref = reference(preset)
+    with Runtime(shards(preset, tp, pp), backend="torch", mode="local") as rt:
+        metrics = compare(ref, runtime_outputs(rt, prompts[preset], GREEDY_STEPS))
+    assert metrics["max_rel_err"] < 1e-4, metrics
+    assert metrics["greedy_match_tokens"] == [GREEDY_STEPS] * len(prompts[preset]), metrics
+    assert judge(metrics, THRESHOLDS["float32"]) == []
+
+
+def test_reference_is_not_trivially_matched(shards, prompts, reference):
+    """The comparison can fail: another preset's prompts/continuations must not match."""
+    ref = reference("tiny")
+    with Runtime(shards("tiny", 1, 1), backend="torch") as rt:
+        out = runtime_outputs(rt, prompts["tiny"], GREEDY_STEPS)
+    out["prompt_logits"] = [lg.roll(1, dims=-1) for lg in out["prompt_logits"]]  # shifted vocab
+    metrics = compare(ref, out)
+    assert judge(metrics, THRESHOLDS["float32"])
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_half_precision_shards_within_stated_tolerances(dtype, checkpoints, shards, prompts):
+    result = verify([shards("tiny-gqa", 2, 2, dtype)], checkpoints["tiny-gqa"], prompts["tiny-gqa"], "fixture", 16, backend="torch")
+    layout = result["layouts"][0]
+    assert layout["dtype"] == dtype
+    assert layout["passed"], layout
+    assert layout["metrics"]["max_rel_err"] > 1e-5  # really ran in half precision
+
+
+def test_torchrun_ranks_equal_one_process(shards, prompts):
+    """4 real gloo ranks (TP2 x PP2) and 4 thread ranks give the same logits and tokens."""
+    path, seqs = shards("tiny", 2, 2), prompts["tiny"]
+    runtime = {"shards": str(path), "device": "cpu", "backend": "torch", "prefill_chunk": None}
+    dist = launch("runtime_outputs", {"runtime": runtime, "prompts": seqs, "max_new_tokens": 8}, nproc=4)
+    with Runtime(path, backend="torch", mode="local") as rt:
+        local = runtime_outputs(rt, seqs, 8)
+    assert dist["tokens"] == local["tokens"]
+    for a, b in zip(dist["prompt_logits"], local["prompt_logits"], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_prefill_plus_decode_equals_full_forward(shards, prompts):
+    seqs = prompts["tiny-gqa"]
+    with Runtime(shards("tiny-gqa", 2, 1), backend="torch") as rt:
+        gen = rt.generate(seqs, 12, return_logits=True)
+        full = rt.prompt_logits([s + t for s, t in zip(seqs, gen.tokens, strict=True)])
+    for s, steps, lg in zip(seqs, gen.logits, full, strict=True):
+        # step j's logits come after prompt + j generated tokens: position len(s) - 1 + j
+        torch.testing.assert_close(steps, lg[len(s) - 1 : len(s) - 1 + steps.shape[0]], rtol=1e-4, atol=1e-4)
+
+
+def test_ragged_batch_equals_one_by_one(shards, prompts):
+    seqs = prompts["tiny"] + [[1, 7], [1, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24]]
+    with Runtime(shards("tiny", 2, 1), backend="torch") as rt:
+        batch = rt.generate(seqs, 10, return_logits=True)
+        for i, s in enumerate(seqs):
+            alone = rt.generate([s], 10, return_logits=True)
+            assert alone.tokens[0] == batch.tokens[i]
+            torch.testing.assert_close(alone.logits[0], batch.logits[i], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 7])
+def test_chunked_prefill_equals_one_shot(shards, prompts, chunk):
+    seqs = prompts["tiny-gqa"]
+    path = shards("tiny-gqa", 1, 2)
+    with Runtime(path, backend="torch") as rt:
+        whole = rt.prompt_logits(seqs)
+        whole_gen = rt.generate(seqs, 6).tokens
+    with Runtime(path, backend="torch", prefill_chunk=chunk) as rt:
+        pieces = rt.prompt_logits(seqs)
+        assert rt.generate(seqs, 6).tokens == whole_gen
+    for a, b in zip(whole, pieces, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+
+def test_window_crossed_in_decode_matches_reference(shards, checkpoints):
+    """Prompt and continuation far past the 12-token window of `tiny`: the reference (HF window
+    semantics: self + 12 previous keys) and the runtime still agree token for token."""
+    from plamo2_tools.runtime.verify import reference_outputs
+
+    prompt = [[1] + [(i * 37) % 997 + 1 for i in range(30)]]
+    ref = reference_outputs(checkpoints["tiny"], prompt, 24, torch.float64)
+    with Runtime(shards("tiny", 1, 1), backend="torch") as rt:
+        gen = rt.generate(prompt, 24, return_logits=True)
+    assert gen.tokens[0] == ref.tokens[0]
+    torch.testing.assert_close(gen.logits[0], ref.step_logits[0].float(), rtol=1e-4, atol=1e-4)
+
+
+def test_score_matches_prompt_logits(shards, prompts):
+    seqs = prompts["tiny-edge"]
+    with Runtime(shards("tiny-edge", 2, 2), backend="torch") as rt:
+        logits = rt.prompt_logits(seqs)
+        scores = rt.score(seqs, [2] * len(seqs))
+    for s, lg, (logprob, greedy) in zip(seqs, logits, scores, strict=True):
+        lp = lg.double().log_softmax(-1)
+        want = torch.tensor([lp[p - 1, s[p]] for p in range(2, len(s))], dtype=torch.float64)
+        torch.testing.assert_close(logprob, want, rtol=1e-6, atol=1e-6)
+        assert greedy.tolist() == [int(lg[p - 1].argmax()) == s[p] for p in range(2, len(s))]
+
+
+def test_sampling_is_seeded_and_respects_eos(shards, prompts):
+    seqs = prompts["tiny"]
+    with Runtime(shards("tiny", 2, 2), backend="torch") as rt:
+        a = rt.generate(seqs, 8, temperature=1.0, top_p=0.9, seed=5).tokens
+        b = rt.generate(seqs, 8, temperature=1.0, top_p=0.9, seed=5).tokens
+        c = rt.generate(seqs, 8, temperature=1.0, top_p=0.9, seed=6).tokens
+        greedy = rt.generate(seqs, 8).tokens
+        k = next(j for j, t in enumerate(greedy[0]) if j > 0 and t not in greedy[0][:j])
+        stopped = rt.generate(seqs, 8, eos_token_ids=[greedy[0][k]]).tokens
+    assert a == b and a != c
+    assert stopped[0] == greedy[0][: k + 1]  # ends at (and includes) the EOS token
+
+
+def test_bad_tokens_are_a_user_error(shards):
+    from plamo2_tools.errors import UserError
+
+    with Runtime(shards("tiny", 1, 1), backend="torch") as rt, pytest.raises(UserError, match="outside the vocabulary"):
+        rt.prompt_logits([[1, 5000]])
+
+
+def test_verify_cli_passes_and_catches_a_broken_shard(tmp_path, shards, checkpoints):
+    from typer.testing import CliRunner
+
+    from plamo2_tools.cli import app
+
+    path = shards("tiny-gqa", 2, 1)
+    runner = CliRunner()
+    ok = runner.invoke(app, ["verify", str(path), "--reference", str(checkpoints["tiny-gqa"]), "--max-new-tokens", "4", "--json"])
+    assert ok.exit_code == 0, ok.output
+    assert json.loads(ok.stdout)["passed"] is True
+
+    # Swap the q rows of two heads inside rank 1's qkv_proj of layer 1: same shapes, wrong math.
+    broken = tmp_path / "broken"
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(path, broken)
+    f = broken / "model-rank-1-part-0.safetensors"
+    tensors = load_file(f)
+    key = "model.layers.layers.1.mixer.qkv_proj.weight"
+    d = 16
+    w = tensors[key].clone()
+    w[:d], w[d : 2 * d] = tensors[key][d : 2 * d], tensors[key][:d]
+    tensors[key] = w
+    save_file(tensors, f, metadata={"format": "pt"})
+    bad = runner.invoke(app, ["verify", str(broken), "--reference", str(checkpoints["tiny-gqa"]), "--max-new-tokens", "4"])
+    assert bad.exit_code == 1, bad.output
+    assert "FAIL" in bad.output
+
+
+def test_logits_cli_on_shards_equals_reference(tmp_path, shards, checkpoints):
+    import numpy as np
+    from typer.testing import CliRunner
+
+    from plamo2_tools.cli import app
+
+    runner = CliRunner()
+    ids = "1,17,300,42,5,6,7,8,9,10,11,12,13,14,15,16"
+    a, b = tmp_path / "a.npy", tmp_path / "b.npy"
+    r1 = runner.invoke(app, ["logits", str(shards("tiny", 2, 2)), "--input-ids", ids, "--out", str(a), "--backend", "torch"])
+    r2 = runner.invoke(app, ["logits", str(checkpoints["tiny"]), "--input-ids", ids, "--out", str(b)])
+    assert r1.exit_code == 0 and r2.exit_code == 0, r1.output + r2.output
+    x, y = np.load(a), np.load(b)
+    assert x.shape == y.shape == (16, 1000)
+    assert np.abs(x - y).max() / np.abs(y).max() < 1e-4
+
+
+def test_generate_cli_json(shards):
+    from typer.testing import CliRunner
+
+    from plamo2_tools.cli import app
+
+    result = CliRunner().invoke(app, ["generate", str(shards("tiny", 1, 2)), "--prompt", "Q: 1+1?", "--max-new-tokens", "5", "--json", "--backend", "torch"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert len(data["tokens"]) == 5 and data["prompt_tokens"] == 8  # BOS + 7 bytes
