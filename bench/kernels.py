@@ -79,9 +79,8 @@ class Run:
         return kw
 
     def write_summary(self) -> None:
-        self.summary_path.write_text(
-            json.dumps({"env": self.env, "records": self.records}, indent=1, default=str)
-        )
+        doc = {"kind": "plamo2-bench-kernels", "env": self.env, "records": self.records}
+        self.summary_path.write_text(json.dumps(doc, indent=1, default=str))
 
 
 def sync() -> None:
@@ -316,13 +315,18 @@ def perf(
             tf = flops / q[1] / 1e9
             r.update(TFLOPs=round(tf, 2), frac_matmul=round(tf / run.env["matmul_TFLOPs"], 4))
         if graph and not SMOKE:
-            g = timeit(fn, graph=True)
-            r.update(
-                graph_ms_p20=g[0],
-                graph_ms_p50=g[1],
-                graph_ms_p80=g[2],
-                graph_GBps=round(nbytes / g[1] / 1e6, 1),
-            )
+            try:  # a failed capture must not lose the eager numbers
+                g = timeit(fn, graph=True)
+                r.update(
+                    graph_ms_p20=g[0],
+                    graph_ms_p50=g[1],
+                    graph_ms_p80=g[2],
+                    graph_GBps=round(nbytes / g[1] / 1e6, 1),
+                )
+            except Exception as e:
+                r["graph_error"] = repr(e)[:300]
+                with contextlib.suppress(Exception):
+                    sync()
         return run.rec(section="perf", **r)
     except Exception as e:
         traceback.print_exc()
@@ -331,12 +335,16 @@ def perf(
 
 def ratio(run: Run, kernel: str, shape: dict, ours: dict | None, peer: dict | None, name: str):
     if ours and peer and "ms_p50" in ours and "ms_p50" in peer:
+        extra = {}
+        if "graph_ms_p50" in ours and "graph_ms_p50" in peer:
+            extra["graph_ours_over_peer_time"] = round(ours["graph_ms_p50"] / peer["graph_ms_p50"], 3)
         run.rec(
             section="ratio",
             kernel=kernel,
             **shape,
             peer=name,
             ours_over_peer_time=round(ours["ms_p50"] / peer["ms_p50"], 3),
+            **extra,
         )
 
 
@@ -392,6 +400,21 @@ def section_correctness(run: Run, mamba) -> None:
                         config=str(cfg),
                     )
                 kern.configs, kern.cache = configs, {}
+                for variant in ssd_mod.VARIANTS:  # each state-pass variant, autotuned output
+                    with poisoned_empty():
+                        y, f = ssd_mod.ssd_chunk_scan(
+                            *args, cu_of(lens), init, chunk_size=Q, variant=variant
+                        )
+                    check(
+                        run,
+                        "ssd_chunk_scan",
+                        f"triton_{variant}",
+                        dtype,
+                        max(rel(y, y_ref), rel(f, f_ref)),
+                        model=name,
+                        Q=Q,
+                        T=T_ssd,
+                    )
             y, f = torch_ops.ssd_chunk_scan(*args, cu_of(lens), init, chunk_size=256)
             check(
                 run, "ssd_chunk_scan", "torch", dtype, max(rel(y, y_ref), rel(f, f_ref)), model=name
@@ -606,7 +629,7 @@ def section_ssd(run: Run, mamba) -> None:
                     lambda Q=Q: triton_ops.ssd_chunk_scan(*args, cu, init, chunk_size=Q),
                     nbytes,
                     flops,
-                    graph=T <= 2048,
+                    graph=True,
                 )
             if T <= 8192:
                 res["torch"] = perf(
@@ -627,7 +650,7 @@ def section_ssd(run: Run, mamba) -> None:
                     mamba_ssd_call(mamba, *args, lens, batch, 256),
                     nbytes,
                     flops,
-                    graph=T <= 2048,
+                    graph=True,
                 )
                 best = min(
                     (r for k, r in res.items() if k.startswith("triton") and r and "ms_p50" in r),
@@ -636,6 +659,108 @@ def section_ssd(run: Run, mamba) -> None:
                 )
                 ratio(run, "ssd_chunk_scan", shape, best, res["mamba"], "mamba_ssm")
             run.write_summary()
+
+
+def quick(fn: Callable[[], object]) -> float:
+    """Median ms of a short do_bench (exploration only)."""
+    if SMOKE:
+        return timeit(fn)[1]
+    return triton.testing.do_bench(fn, warmup=10, rep=40, quantiles=[0.5])[0]
+
+
+def section_explore_ssd(run: Run) -> None:
+    """Where the SSD time goes (each launch alone) and which tiles/configs win, per variant."""
+    cases = [("1b", 8192), ("1b", 32768), ("8b", 8192)] if not SMOKE else [("tiny", 64)]
+    for name, T in cases:
+        H = MODELS[name]["H"]
+        args = mamba_inputs(T, H, BF16)
+        cu = cu_of([T])
+        for Q in (256, 128) if not SMOKE else (32,):
+            if run.left() < 40:
+                return
+            shape = dict(model=name, T=T, Q=Q)
+            y_ref = triton_ops.ssd_chunk_scan(*args, cu, None, chunk_size=Q)[0]
+
+            def rec(what: str, ms: float, err: float | None = None, **kw) -> None:
+                run.rec(section="explore", kernel="ssd_chunk_scan", what=what, ms=ms, rel_to_default=err,
+                        **shape, **kw)  # fmt: skip
+
+            try:
+                ws = ssd_mod._prepare(*args, cu, None, Q, True)
+                for bq, st in ((128, 2), (64, 2), (128, 3)):
+                    rec("state_pass_sequential", quick(lambda: ssd_mod._launch_sequential(ws, bq, 4, st)),
+                        block_q=bq, stages=st)  # fmt: skip
+                for bp, bk, wp, st in ((64, 64, 4, 2), (128, 32, 4, 2), (64, 32, 4, 3), (128, 64, 8, 2)):
+                    rec("chunk_states", quick(lambda: ssd_mod._launch_chunk_states(ws, bp, bk, wp, st)),
+                        block_p=bp, block_k=bk, warps=wp, stages=st)  # fmt: skip
+                for blk, wp in ((256, 2), (512, 4), (1024, 4), (2048, 8)):
+                    rec("chunk_pass", quick(lambda: ssd_mod._launch_chunk_pass(ws, blk, wp)), block=blk, warps=wp)
+                ssd_mod._chunk_output_kernel.cache = {}  # re-tune here, so configs_timings are this shape's
+                ssd_mod._launch_output(ws)
+                rec("output", quick(lambda: ssd_mod._launch_output(ws)), rel(ws.y, y_ref))
+                kern = ssd_mod._chunk_output_kernel
+                timings = getattr(kern, "configs_timings", None) or {}
+                for cfg, t in timings.items():
+                    rec("output_autotune", t[0] if isinstance(t, (list, tuple)) else t, config=str(cfg))
+                for v in ssd_mod.VARIANTS:
+
+                    def fn(v: str = v) -> tuple[torch.Tensor, torch.Tensor]:
+                        return ssd_mod.ssd_chunk_scan(*args, cu, None, chunk_size=Q, variant=v)
+
+                    rec(f"full_{v}", quick(fn), rel(fn()[0], y_ref))
+                    if not SMOKE:
+                        with contextlib.suppress(Exception):
+                            g = triton.testing.do_bench_cudagraph(fn, rep=30, quantiles=[0.5])
+                            rec(f"full_{v}_graph", g[0] if isinstance(g, (list, tuple)) else g)
+                if name == "1b" and T == 8192:  # extra output-kernel configs, each checked
+                    saved = kern.configs
+                    for m_, k_, p_, w_, st_ in EXTRA_OUT_CONFIGS:
+                        cfg = triton.Config({"BLOCK_M": m_, "BLOCK_K": k_, "BLOCK_P": p_}, num_warps=w_,
+                                            num_stages=st_)  # fmt: skip
+                        kern.configs, kern.cache = [cfg], {}
+                        try:
+                            ws.y.fill_(float("nan"))
+                            ssd_mod._launch_output(ws)
+                            rec("output_config", quick(lambda: ssd_mod._launch_output(ws)), rel(ws.y, y_ref),
+                                config=str(cfg))  # fmt: skip
+                        except Exception as e:
+                            rec("output_config", float("nan"), config=str(cfg), error=repr(e)[:300])
+                    kern.configs, kern.cache = saved, {}
+            except Exception as e:
+                traceback.print_exc()
+                run.rec(section="explore", kernel="ssd_chunk_scan", **shape, error=repr(e)[:500])
+        run.write_summary()
+
+
+# (BLOCK_M, BLOCK_K, BLOCK_P, warps, stages) tried beside the autotune list in the exploration.
+EXTRA_OUT_CONFIGS = [(64, 64, 128, 4, 1), (128, 64, 128, 8, 1), (32, 32, 128, 4, 2), (64, 32, 64, 4, 1),
+                     (128, 32, 128, 8, 1)]  # fmt: skip
+if SMOKE:
+    EXTRA_OUT_CONFIGS = [(32, 32, 32, 4, 1)]
+
+
+def section_explore_ssu(run: Run) -> None:
+    """State-update tile sweep: BLOCK_P x warps at a batch that streams well past L2."""
+    sweep = [(bp, w) for bp in (8, 16, 32, 64, 128) for w in (1, 2, 4, 8)] if not SMOKE else [(8, 1), (16, 4)]
+    for name in MODELS:
+        H = MODELS[name]["H"]
+        for Bsz, sdt in ((256, F32), (64, F32), (256, BF16)) if not SMOKE else ((4, F32),):
+            if run.left() < 30:
+                return
+            args = mamba_inputs(Bsz, H, BF16)
+            state = torch.randn(Bsz, H, P, N, device=DEV).to(sdt)
+            nbytes = 2 * Bsz * H * P * N * state.element_size() + 3 * Bsz * H * P * 2
+            for bp, w in sweep:
+                if bp * N / (32 * w) < 4:  # fewer than 4 elements a thread: skip
+                    continue
+                try:
+                    ms = quick(lambda: triton_ops.ssd_state_update(state, *args, block_p=bp, num_warps=w))
+                    run.rec(section="explore", kernel="ssd_state_update", model=name, batch=Bsz,
+                            state_dtype=str(sdt), block_p=bp, warps=w, ms=ms,
+                            GBps=round(nbytes / ms / 1e6, 1))  # fmt: skip
+                except Exception as e:
+                    run.rec(section="explore", kernel="ssd_state_update", block_p=bp, warps=w, error=repr(e)[:300])
+        run.write_summary()
 
 
 def section_ssu(run: Run, mamba) -> None:
@@ -877,6 +1002,8 @@ def main() -> None:
         ("correctness", lambda: section_correctness(run, mamba)),
         ("ssd", lambda: section_ssd(run, mamba)),
         ("ssu", lambda: section_ssu(run, mamba)),
+        ("explore_ssd", lambda: section_explore_ssd(run)),
+        ("explore_ssu", lambda: section_explore_ssu(run)),
         ("attention", lambda: section_attention(run)),
         ("conv", lambda: section_conv(run)),
         ("norms", lambda: section_norms(run)),

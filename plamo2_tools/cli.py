@@ -213,6 +213,8 @@ def logits(
 
         with load_engine(path, device=device, backend=backend) as engine:
             result = engine.prompt_logits([ids])[0]
+            if not engine.is_main:  # under torchrun only rank 0 writes
+                return
     else:
         from .checkpoint import HFCheckpoint
         from .reference import reference_logits
@@ -405,6 +407,54 @@ def check(
         out.print(f"[green]ok[/]: {path} is complete and matches its manifest")
 
 
+def _print_verify(result: dict[str, Any], title: str) -> None:
+    short = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+    table = Table(title=title)
+    for col in ("layout", "dtype", "max|Δ|", "rel err", "KL", "top-1", "greedy", "lp-close", "result"):
+        table.add_column(col, no_wrap=True)
+    for x in result["layouts"]:
+        m = x["metrics"]
+        table.add_row(
+            f"tp{x['tp']}×pp{x['pp']}" + ("/torchrun" if x["launch"] else ""), short.get(x["dtype"], x["dtype"]),
+            f"{m['max_abs_logit_diff']:.1e}", f"{m['max_rel_err']:.1e}", f"{m['mean_kl']:.1e}",
+            f"{m['top1_agreement']:.3f}", f"{m['greedy_match_fraction']:.3f}", "yes" if m["logprobs_close"] else "no",
+            "[green]pass[/]" if x["passed"] else "[red]FAIL[/]",
+        )  # fmt: skip
+    out.print(table)
+    for x in result["layouts"]:
+        for f in x["failures"]:
+            out.print(f"  [red]tp={x['tp']} pp={x['pp']}[/]: {f}", highlight=False)
+
+
+@app.command()
+@handle_errors
+def demo(
+    workdir: Annotated[Path, typer.Option(help="Where the checkpoint and shards go.")] = Path("runs/demo"),
+    preset: Annotated[str, typer.Option(help="Synthetic model preset (tiny, tiny-gqa, tiny-edge, plamo-2-1b, ...).")] = "tiny",
+    layouts: Annotated[str, typer.Option(help="TPxPP layouts, comma-separated.")] = "1x1,2x1,2x2",
+    launch: Annotated[bool, typer.Option(help="Run the runtime as real torchrun ranks (gloo on CPU).")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the verify result as JSON.")] = False,
+) -> None:
+    """The main job on an embedded default: synthesise a checkpoint, convert it to several TP x PP
+    layouts, check the shards, and verify each layout against the reference forward."""
+    from .demo import run_demo
+    from .errors import CheckFailed
+
+    try:
+        pairs = tuple((int(a), int(b)) for a, b in (x.lower().split("x") for x in layouts.split(",")))
+    except ValueError:
+        raise UserError(f"--layouts must look like 1x1,2x2 (got {layouts!r})") from None
+    result = run_demo(workdir, preset, pairs, launch, log=(lambda m: None) if as_json else err.print)
+    if as_json:
+        print_json(result)
+    else:
+        _print_verify(result, f"demo: {preset} shards vs the reference forward")
+        verdict = "[green]all layouts match the reference[/]" if result["passed"] else "[red]verification failed[/]"
+        out.print(f"{verdict}  (shards in {workdir})")
+    if not result["passed"]:
+        raise CheckFailed("demo: a layout failed verification")
+
+
 # ---- verify / generate -------------------------------------------------------------------------
 @app.command()
 @handle_errors
@@ -448,22 +498,7 @@ def verify(
     if as_json:
         print_json(result)
     else:
-        short = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
-        table = Table(title=f"verify vs {reference} ({precision}, {len(prompt_ids)} prompts, {max_new_tokens} steps)")
-        for col in ("layout", "dtype", "max|Δ|", "rel err", "KL", "top-1", "greedy", "lp-close", "result"):
-            table.add_column(col, no_wrap=True)
-        for x in result["layouts"]:
-            m = x["metrics"]
-            table.add_row(
-                f"tp{x['tp']}×pp{x['pp']}" + ("/torchrun" if x["launch"] else ""), short.get(x["dtype"], x["dtype"]),
-                f"{m['max_abs_logit_diff']:.1e}", f"{m['max_rel_err']:.1e}", f"{m['mean_kl']:.1e}",
-                f"{m['top1_agreement']:.3f}", f"{m['greedy_match_fraction']:.3f}", "yes" if m["logprobs_close"] else "no",
-                "[green]pass[/]" if x["passed"] else "[red]FAIL[/]",
-            )  # fmt: skip
-        out.print(table)
-        for x in result["layouts"]:
-            for f in x["failures"]:
-                out.print(f"  [red]tp={x['tp']} pp={x['pp']}[/]: {f}", highlight=False)
+        _print_verify(result, f"verify vs {reference} ({precision}, {len(prompt_ids)} prompts, {max_new_tokens} steps)")
     if not result["passed"]:
         raise CheckFailed(f"{sum(not x['passed'] for x in result['layouts'])} layout(s) failed verification")
 
@@ -584,7 +619,7 @@ def eval_shards(
     out.print(outcome.header, highlight=False, markup=False, soft_wrap=True)
     out.print(outcome.table, highlight=False, markup=False)
     for name, path in outcome.files.items():
-        out.print(f"{name}: {path}", highlight=False, markup=False)
+        out.print(f"{name}: {path}", highlight=False, markup=False, soft_wrap=True)
     mode = "torchrun ranks" if launch else "in-process ranks"
     out.print(f"done in {outcome.wall_seconds:.1f} s ({mode})", highlight=False)
 

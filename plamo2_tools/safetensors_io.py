@@ -133,24 +133,29 @@ def read_header(path: str | Path) -> SafetensorsFile:
 
 def pread_exact(fd: int, nbytes: int, offset: int, path: Path | str = "") -> bytearray:
     buf = bytearray(nbytes)
-    view = memoryview(buf)
+    pread_into(fd, memoryview(buf), offset, path)
+    return buf
+
+
+def pread_into(fd: int, view: memoryview, offset: int, path: Path | str = "") -> None:
     done = 0
-    while done < nbytes:
+    while done < len(view):
         got = os.preadv(fd, [view[done:]], offset + done)
         if got == 0:
             raise CheckpointError(f"{path}: truncated while reading (file shrank?)")
         done += got
-    return buf
 
 
 def read_rows(fd: int, info: TensorInfo, start: int, stop: int, path: Path | str = "") -> torch.Tensor:
     """Rows [start, stop) of a tensor (dim 0), as a fresh CPU tensor."""
     nrows = stop - start
-    buf = pread_exact(fd, nrows * info.row_bytes, info.offset + start * info.row_bytes, path)
     shape = (nrows, *info.shape[1:]) if info.shape else ()
-    if not buf:
-        return torch.empty(shape, dtype=info.dtype)
-    return torch.frombuffer(buf, dtype=info.dtype).reshape(shape)
+    # torch.empty, not bytearray: a bytearray is zero-filled first, which made 64 MiB chunk reads
+    # run at ~1.2 GB/s instead of ~1.9 GB/s (page cache -> fresh memory).
+    out = torch.empty(shape, dtype=info.dtype)
+    if out.numel():
+        pread_into(fd, tensor_bytes(out), info.offset + start * info.row_bytes, path)
+    return out
 
 
 def tensor_bytes(t: torch.Tensor) -> memoryview:

@@ -137,15 +137,15 @@ class Plamo2LM(TemplateLM):
     def get_model_info(self) -> dict[str, Any]:
         """Merged into results["config"]: enough to tell runs of different layouts apart."""
         mapping = self.runtime.manifest.mapping
-        engine = self.runtime.engines[0] if self.runtime.engines else None
+        running = bool(self.runtime.engines)
         return {
             "shards": str(self.path),
             "tp": mapping.tp,
             "pp": mapping.pp,
             "world_size": mapping.world_size,
-            "dtype": str(engine.model.dtype).removeprefix("torch.") if engine else None,
+            "dtype": str(self.runtime.dtype).removeprefix("torch.") if running else None,
             "backend": self.backend_name,
-            "kernels": getattr(engine.ops, "__name__", "?").rsplit(".", 1)[-1] if engine else None,
+            "kernels": self.runtime.kernels if running else None,
             "runtime_device": self.device_name,
             "runtime_mode": self.runtime.mode,
             "max_length": self.max_length,
@@ -278,7 +278,7 @@ class Plamo2LM(TemplateLM):
             truncated.append(ids)
         if max_new <= 0:
             return ["" for _ in prompts]
-        watcher = StopStringWatcher(self.decode, settings.until, self.stop_ids)
+        watcher = StopStringWatcher(self.decode, settings.until)
         generation = self.runtime.generate(
             truncated, max_new, eos_token_ids=self.stop_ids, temperature=settings.temperature,
             top_p=settings.top_p, seed=self.seed, stop=watcher,

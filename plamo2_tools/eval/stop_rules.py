@@ -92,15 +92,21 @@ def decode_kept_specials(tokenizer: Any) -> Decode:
 class StopStringWatcher:
     """The runtime's ``stop(i, tokens)`` callback: True once sequence i's text contains a stop string.
 
+    Called after every new token, it only decodes the last few tokens: a stop string that was not
+    there one token ago must end in the newest token's text, so it lies within the last
+    ``max(len(stop))`` characters, and every token decodes to at least one character or is one of
+    at most 4 bytes of one.  (A decoded tail is a substring of the full text, up to a broken first
+    character, so the answer is the one a full decode would give, at O(1) cost per step.)
+
     In-process the ranks are threads that all call this with the same (i, tokens); the memo makes
     them decode once.  Its dict is only read and written whole-key (atomic under the GIL) and the
     answer is deterministic, so a race can only repeat work, never change the result.
     """
 
-    def __init__(self, decode: Decode, stops: Sequence[str], stop_ids: Sequence[int]) -> None:
+    def __init__(self, decode: Decode, stops: Sequence[str]) -> None:
         self.decode = decode
         self.stops = [s for s in stops if s]  # '' would match everything (lm-eval ignores it too)
-        self.stop_ids = set(stop_ids)
+        self.window = 4 * (max((len(s) for s in self.stops), default=0) + 1)
         self._seen: dict[tuple[int, int], bool] = {}
 
     def __call__(self, i: int, tokens: list[int]) -> bool:
@@ -109,8 +115,8 @@ class StopStringWatcher:
         key = (i, len(tokens))
         hit = self._seen.get(key)
         if hit is None:
-            text = self.decode(tokens)
-            hit = any(s in text for s in self.stops)
+            tail = self.decode(tokens[-self.window :])
+            hit = any(s in tail for s in self.stops)
             self._seen[key] = hit
         return hit
 

@@ -56,19 +56,22 @@ def ssd_state_update(
     D: torch.Tensor,
     z: torch.Tensor | None,
     dt_bias: torch.Tensor,
+    block_p: int | None = None,
+    num_warps: int = 4,
 ) -> torch.Tensor:
+    """See ``Ops.ssd_state_update``; ``block_p`` / ``num_warps`` override the tile heuristic."""
     Bsz, H, P, N = state.shape
     A, D, dt_bias = A.contiguous(), D.contiguous(), dt_bias.contiguous()
     assert state.stride(-1) == 1 and x.stride(-1) == 1 and B.stride(-1) == 1 and C.stride(-1) == 1
     assert dt.stride(-1) == 1 and (z is None or z.stride(-1) == 1)
     y = torch.empty(Bsz, H, P, device=x.device, dtype=x.dtype)
     block_n = triton.next_power_of_2(N)
-    block_p = max(1, min(triton.next_power_of_2(P), 2048 // block_n))
+    block_p = block_p or max(1, min(triton.next_power_of_2(P), 2048 // block_n))
     zz = z if z is not None else x
     _state_update_kernel[(triton.cdiv(P, block_p), Bsz * H)](
         state, x, dt, A, B, C, D, zz, dt_bias, y, H, P, N,
         state.stride(0), state.stride(1), state.stride(2), x.stride(0), x.stride(1), dt.stride(0),
         B.stride(0), C.stride(0), zz.stride(0), zz.stride(1),
-        HAS_Z=z is not None, BLOCK_P=block_p, BLOCK_N=block_n, num_warps=4,
+        HAS_Z=z is not None, BLOCK_P=block_p, BLOCK_N=block_n, num_warps=num_warps,
     )  # fmt: skip
     return y

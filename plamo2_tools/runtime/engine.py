@@ -232,8 +232,10 @@ class Runtime:
         backend: str = "auto",
         prefill_chunk: int | None = None,
         mode: str = "auto",
+        trust_remote_code: bool = False,
     ) -> None:
         self.manifest = load_manifest(shards)
+        self.trust_remote_code = trust_remote_code
         self.config = self.manifest.config
         self.path = Path(shards)
         mapping = self.manifest.mapping
@@ -252,9 +254,22 @@ class Runtime:
             self.rank = 0
             self.world = LocalWorld(mapping.tp, mapping.pp)
             dev = torch.device(device)
+            if dev.type == "cpu" and mapping.world_size > 1:
+                # Every rank thread would otherwise use the whole intra-op pool: oversubscription.
+                torch.set_num_threads(max(1, (os.cpu_count() or 1) // mapping.world_size))
             self.engines = [
                 RankEngine(self.manifest, LocalComm(self.world, r), dev, backend, prefill_chunk) for r in range(mapping.world_size)
             ]
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The activation dtype (that of the shards' decoder weights)."""
+        return self.engines[0].model.dtype
+
+    @property
+    def kernels(self) -> str:
+        """Which kernel backend runs: "torch" or "triton"."""
+        return self.engines[0].ops.__name__.rsplit(".", 1)[-1].removesuffix("_ops")
 
     @property
     def is_main(self) -> bool:
@@ -309,7 +324,7 @@ class Runtime:
     @property
     def tokenizer(self) -> Any:
         if self._tokenizer is None:
-            self._tokenizer = load_tokenizer(self.path)
+            self._tokenizer = load_tokenizer(self.path, self.trust_remote_code)
         return self._tokenizer
 
     def close(self, clean: bool = True) -> None:

@@ -29,7 +29,13 @@ def init_distributed(device: str) -> tuple[int, int, torch.device]:
     if device.startswith("cuda"):
         if not torch.cuda.is_available():
             raise UserError("--device cuda but no CUDA device is visible")
-        dev = torch.device("cuda", local % torch.cuda.device_count())
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        if local_world > torch.cuda.device_count():
+            raise UserError(
+                f"{local_world} ranks on this node but {torch.cuda.device_count()} GPU(s): NCCL needs one GPU per rank "
+                "(run without --launch to put all ranks on one GPU as threads)"
+            )
+        dev = torch.device("cuda", local)
         torch.cuda.set_device(dev)
         backend = "nccl"
     else:

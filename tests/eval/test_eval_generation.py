@@ -4,6 +4,7 @@ truncation, ordering and batch-size invariance (vLLM's semantics, see plamo2_too
 from __future__ import annotations
 
 import json
+import random
 import shutil
 from pathlib import Path
 
@@ -12,7 +13,7 @@ from eval_helpers import SpyRuntime
 from lm_eval.api.instance import Instance
 
 from plamo2_tools.errors import UserError
-from plamo2_tools.eval.stop_rules import gen_settings
+from plamo2_tools.eval.stop_rules import StopStringWatcher, gen_settings
 from plamo2_tools.runtime.engine import Runtime
 
 PROMPT = "Question: Lena has 5 boxes of crayons. How many?\nAnswer:"
@@ -121,3 +122,18 @@ def test_sampling_settings_and_unsupported_kwargs() -> None:
     assert gen_settings({"until": [], "do_sample": False, "temperature": 0.7}, None, 256).temperature == 0.0
     with pytest.raises(UserError, match="top_k"):
         gen_settings({"until": [], "top_k": 5}, None, 256)
+
+
+def test_stop_watcher_fires_first_where_a_full_decode_would(make_lm) -> None:
+    """The watcher decodes only a tail; it must fire at the same step as a full-text check, also
+    for multi-byte characters (byte tokens) and special tokens."""
+    lm = make_lm()
+    pieces = ["Question:", " 12", "日本", "<|plamo:eos|>", "abc", "\n\n", "é", "Ques", "tion", "本"]
+    stops = ["Question:", "日本", "<|plamo:eos|>", "\n\n"]
+    rng = random.Random(0)
+    for trial in range(40):
+        tokens = lm.tok_encode("".join(rng.choice(pieces) for _ in range(12)), add_special_tokens=False)
+        watcher = StopStringWatcher(lm.decode, stops)
+        fires = next((n for n in range(1, len(tokens) + 1) if watcher(trial, tokens[:n])), None)
+        full = next((n for n in range(1, len(tokens) + 1) if any(s in lm.decode(tokens[:n]) for s in stops)), None)
+        assert fires == full

@@ -15,16 +15,20 @@ BF16 = torch.bfloat16
 
 
 @pytest.mark.parametrize("H", [32, 64])
-@pytest.mark.parametrize("chunk", [128, 256])
-def test_ssd_chunk_scan_plamo(H: int, chunk: int) -> None:
+def test_ssd_chunk_scan_plamo(H: int) -> None:
+    """Both chunk sizes and both state-pass variants against one float64 oracle run."""
+    from plamo2_tools.kernels import ssd
+
     lens = [700, 1, 300, 1047]
     args = mamba_inputs(sum(lens), H, 128, 64, BF16)
     init = randn(len(lens), H, 128, 64)
     cu = seqlens(lens)
     y_ref, final_ref = ssd_oracle(*args, cu.tolist(), init)
-    y, final = get_ops("triton").ssd_chunk_scan(*args, cu, init, chunk_size=chunk)
-    assert rel_err(y, y_ref) < TOL[BF16]
-    assert rel_err(final, final_ref) < TOL[BF16]
+    for chunk in (128, 256):
+        for variant in ssd.VARIANTS:
+            y, final = ssd.ssd_chunk_scan(*args, cu, init, chunk_size=chunk, variant=variant)
+            assert rel_err(y, y_ref) < TOL[BF16], (chunk, variant)
+            assert rel_err(final, final_ref) < TOL[BF16], (chunk, variant)
 
 
 @pytest.mark.parametrize("state_dtype", [torch.float32, BF16])

@@ -212,6 +212,22 @@ def test_ssd_chunk_scan_in_pieces(case) -> None:
     assert rel_err(state, d64(s_full)[0]) < TOL[dtype]
 
 
+@pytest.mark.parametrize("variant", ["sequential", "parallel"])
+@pytest.mark.parametrize("lens,chunk", [([37], 16), ([5, 1, 0, 21, 40, 13], 16), ([70, 30], 32)])
+def test_ssd_chunk_scan_variants(variant: str, lens: list[int], chunk: int) -> None:
+    """Both ways of forming the chunk states (Triton only), incl. an empty sequence."""
+    from plamo2_tools.kernels import ssd
+
+    dtype = torch.float32
+    args = mamba_inputs(sum(lens), 2, 16, 16, dtype)
+    cu = seqlens(lens)
+    init = randn(len(lens), 2, 16, 16)
+    y_ref, final_ref = ssd_oracle(*args, cu.tolist(), init)
+    y, final = ssd.ssd_chunk_scan(*args, cu, init, chunk_size=chunk, variant=variant)
+    assert rel_err(y, y_ref) < TOL[dtype]
+    assert rel_err(final, final_ref) < TOL[dtype]
+
+
 @pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("gate", [False, True])
 def test_ssd_state_update(case, state_dtype: torch.dtype, gate: bool) -> None:

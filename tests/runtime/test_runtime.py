@@ -208,3 +208,25 @@ def test_generate_cli_json(shards):
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     assert len(data["tokens"]) == 5 and data["prompt_tokens"] == 8  # BOS + 7 bytes
+
+
+def test_cli_under_torchrun_uses_real_ranks(tmp_path, shards):
+    """`torchrun --nproc-per-node 4 -m plamo2_tools.cli logits ...` runs one rank per process and
+    rank 0 writes the same logits as the one-process run."""
+    import os
+    import subprocess
+    import sys
+
+    import numpy as np
+
+    path = shards("tiny", 2, 2)
+    ids = "1,5,9,200,31,7,8,9,10,11,12,13,14,15"
+    dist_out, local_out = tmp_path / "dist.npy", tmp_path / "local.npy"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=4", "-m", "plamo2_tools.cli"]
+    args = ["logits", str(path), "--input-ids", ids, "--backend", "torch"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(cmd + args + ["--out", str(dist_out)], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = subprocess.run([sys.executable, "-m", "plamo2_tools.cli", *args, "--out", str(local_out)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    np.testing.assert_allclose(np.load(dist_out), np.load(local_out), rtol=1e-5, atol=1e-5)
