@@ -1,13 +1,15 @@
 """GPU correctness + benchmark of plamo2_tools.kernels (Triton) vs the PyTorch path and peers.
 
-    python bench/kernels.py --out DIR [--budget SECONDS] [--smoke]
+    python bench/kernels.py --out DIR [--budget SECONDS] [--smoke] [--explore]
 
 Every record is appended to DIR/kernels.jsonl as soon as it exists and DIR/kernels.json (summary)
 is rewritten after each section, so a run cut short still leaves data.  Sections run in order of
 importance and are skipped once the time budget is spent.  Peers: mamba_ssm 2.3.2.post1 Triton
 (`mamba_chunk_scan_combined`, `selective_state_update`) if importable (selective_scan_cuda is
 stubbed), PyTorch SDPA, the repo's own PyTorch path.  ``--smoke`` runs tiny shapes on the CPU
-under TRITON_INTERPRET=1 to check the script itself; its timings mean nothing.
+under TRITON_INTERPRET=1 to check the script itself; its timings mean nothing.  ``--explore``
+adds tile / config sweeps (SSD output kernel, state update).  kernels.json carries
+``"kind": "plamo2-bench-kernels"`` for ``plamo2-tools report``; results live in reports/kernels/.
 """
 
 # ruff: noqa: B023  (every lambda below is timed before its loop variables change)
@@ -29,6 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 SMOKE = "--smoke" in sys.argv
+EXPLORE = "--explore" in sys.argv  # extra tile / config sweeps (SSD output kernel, state update)
 if SMOKE:  # before triton is imported
     os.environ["TRITON_INTERPRET"] = "1"
 
@@ -88,7 +91,7 @@ def sync() -> None:
         torch.cuda.synchronize()
 
 
-def timeit(fn: Callable[[], object], graph: bool = False, rep: int = 100) -> list[float]:
+def timeit(fn: Callable[[], object], graph: bool = False, rep: int = 60) -> list[float]:
     """[p20, p50, p80] in ms.  do_bench flushes L2 before each call; the graph variant does not."""
     if SMOKE:
         ts = []
@@ -99,7 +102,7 @@ def timeit(fn: Callable[[], object], graph: bool = False, rep: int = 100) -> lis
         return sorted(ts)
     if graph:
         return triton.testing.do_bench_cudagraph(fn, rep=rep // 2, quantiles=[0.2, 0.5, 0.8])
-    return triton.testing.do_bench(fn, warmup=25, rep=rep, quantiles=[0.2, 0.5, 0.8])
+    return triton.testing.do_bench(fn, warmup=10, rep=rep, quantiles=[0.2, 0.5, 0.8])
 
 
 def first_call(fn: Callable[[], object]) -> float:
@@ -384,14 +387,14 @@ def section_correctness(run: Run, mamba) -> None:
                 # bf16: every autotune config of the output kernel alone (catches racy configs).
                 kern = ssd_mod._chunk_output_kernel
                 configs = kern.configs
-                for cfg in configs if dtype == BF16 else [None]:
-                    kern.configs, kern.cache = [cfg] if cfg else configs, {}
+                for cfg in configs if dtype == BF16 else []:
+                    kern.configs, kern.cache = [cfg], {}
                     with poisoned_empty():
-                        y, f = ops.ssd_chunk_scan(*args, cu_of(lens), init, chunk_size=Q)
+                        y, f = ssd_mod.ssd_chunk_scan(*args, cu_of(lens), init, chunk_size=Q, variant="sequential")
                     check(
                         run,
                         "ssd_chunk_scan",
-                        "triton",
+                        "triton_sequential",
                         dtype,
                         max(rel(y, y_ref), rel(f, f_ref)),
                         model=name,
@@ -402,9 +405,7 @@ def section_correctness(run: Run, mamba) -> None:
                 kern.configs, kern.cache = configs, {}
                 for variant in ssd_mod.VARIANTS:  # each state-pass variant, autotuned output
                     with poisoned_empty():
-                        y, f = ssd_mod.ssd_chunk_scan(
-                            *args, cu_of(lens), init, chunk_size=Q, variant=variant
-                        )
+                        y, f = ssd_mod.ssd_chunk_scan(*args, cu_of(lens), init, chunk_size=Q, variant=variant)
                     check(
                         run,
                         "ssd_chunk_scan",
@@ -414,7 +415,11 @@ def section_correctness(run: Run, mamba) -> None:
                         model=name,
                         Q=Q,
                         T=T_ssd,
+                        config="autotuned",
                     )
+            with poisoned_empty():  # the default path: (variant, Q) picked at run time
+                y, f = ops.ssd_chunk_scan(*args, cu_of(lens), init)
+            check(run, "ssd_chunk_scan", "triton", dtype, max(rel(y, y_ref), rel(f, f_ref)), model=name, T=T_ssd)
             y, f = torch_ops.ssd_chunk_scan(*args, cu_of(lens), init, chunk_size=256)
             check(
                 run, "ssd_chunk_scan", "torch", dtype, max(rel(y, y_ref), rel(f, f_ref)), model=name
@@ -620,19 +625,30 @@ def section_ssd(run: Run, mamba) -> None:
             shape = dict(model=name, layout=layout, T=T, S=len(lens))
             nbytes, flops = ssd_bytes_flops(T, H, len(lens))
             res = {}
-            for Q in (256, 128) if not SMOKE else (32,):
-                res[f"triton_Q{Q}"] = perf(
+            res["triton"] = perf(
+                run,
+                "ssd_chunk_scan",
+                shape,
+                "triton",
+                lambda: triton_ops.ssd_chunk_scan(*args, cu, init),
+                nbytes,
+                flops,
+                graph=True,
+                choice=":".join(map(str, ssd_mod.auto_choice((*args, cu, init)))) if not SMOKE else None,
+            )
+            for v, Q in ssd_mod.AUTO_CHOICES if not SMOKE else [("sequential", 32), ("parallel", 32)]:
+                perf(
                     run,
                     "ssd_chunk_scan",
                     shape,
-                    f"triton_Q{Q}",
-                    lambda Q=Q: triton_ops.ssd_chunk_scan(*args, cu, init, chunk_size=Q),
+                    f"triton_{v[:3]}_Q{Q}",
+                    lambda v=v, Q=Q: ssd_mod.ssd_chunk_scan(*args, cu, init, chunk_size=Q, variant=v),
                     nbytes,
                     flops,
                     graph=True,
                 )
             if T <= 8192:
-                res["torch"] = perf(
+                perf(
                     run,
                     "ssd_chunk_scan",
                     shape,
@@ -641,7 +657,7 @@ def section_ssd(run: Run, mamba) -> None:
                     nbytes,
                     flops,
                 )
-            if mamba is not None:
+            if mamba is not None and layout != "varlen":  # varlen: ~50 s of extra mamba autotuning
                 res["mamba"] = perf(
                     run,
                     "ssd_chunk_scan",
@@ -652,12 +668,7 @@ def section_ssd(run: Run, mamba) -> None:
                     flops,
                     graph=True,
                 )
-                best = min(
-                    (r for k, r in res.items() if k.startswith("triton") and r and "ms_p50" in r),
-                    key=lambda r: r["ms_p50"],
-                    default=None,
-                )
-                ratio(run, "ssd_chunk_scan", shape, best, res["mamba"], "mamba_ssm")
+                ratio(run, "ssd_chunk_scan", shape, res["triton"], res["mamba"], "mamba_ssm")
             run.write_summary()
 
 
@@ -665,21 +676,22 @@ def quick(fn: Callable[[], object]) -> float:
     """Median ms of a short do_bench (exploration only)."""
     if SMOKE:
         return timeit(fn)[1]
-    return triton.testing.do_bench(fn, warmup=10, rep=40, quantiles=[0.5])[0]
+    return float(triton.testing.do_bench(fn, warmup=10, rep=40))
 
 
-def section_explore_ssd(run: Run) -> None:
-    """Where the SSD time goes (each launch alone) and which tiles/configs win, per variant."""
+def section_breakdown_ssd(run: Run) -> None:
+    """Where the SSD time goes: each launch of each variant alone (do_bench medians, L2 flushed),
+    the output kernel's autotune timings, and (``--explore``) extra output-kernel configs."""
     cases = [("1b", 8192), ("1b", 32768), ("8b", 8192)] if not SMOKE else [("tiny", 64)]
     for name, T in cases:
         H = MODELS[name]["H"]
         args = mamba_inputs(T, H, BF16)
         cu = cu_of([T])
-        for Q in (256, 128) if not SMOKE else (32,):
-            if run.left() < 40:
+        for Q in (128, 256) if not SMOKE else (32,):
+            if run.left() < 30:
                 return
             shape = dict(model=name, T=T, Q=Q)
-            y_ref = triton_ops.ssd_chunk_scan(*args, cu, None, chunk_size=Q)[0]
+            y_ref = ssd_mod.ssd_chunk_scan(*args, cu, None, chunk_size=Q, variant="sequential")[0]
 
             def rec(what: str, ms: float, err: float | None = None, **kw) -> None:
                 run.rec(section="explore", kernel="ssd_chunk_scan", what=what, ms=ms, rel_to_default=err,
@@ -687,32 +699,17 @@ def section_explore_ssd(run: Run) -> None:
 
             try:
                 ws = ssd_mod._prepare(*args, cu, None, Q, True)
-                for bq, st in ((128, 2), (64, 2), (128, 3)):
-                    rec("state_pass_sequential", quick(lambda: ssd_mod._launch_sequential(ws, bq, 4, st)),
-                        block_q=bq, stages=st)  # fmt: skip
-                for bp, bk, wp, st in ((64, 64, 4, 2), (128, 32, 4, 2), (64, 32, 4, 3), (128, 64, 8, 2)):
-                    rec("chunk_states", quick(lambda: ssd_mod._launch_chunk_states(ws, bp, bk, wp, st)),
-                        block_p=bp, block_k=bk, warps=wp, stages=st)  # fmt: skip
-                for blk, wp in ((256, 2), (512, 4), (1024, 4), (2048, 8)):
-                    rec("chunk_pass", quick(lambda: ssd_mod._launch_chunk_pass(ws, blk, wp)), block=blk, warps=wp)
-                ssd_mod._chunk_output_kernel.cache = {}  # re-tune here, so configs_timings are this shape's
+                rec("cumsum", quick(lambda: ssd_mod._launch_cumsum(ws)))
+                rec("state_pass_sequential", quick(lambda: ssd_mod._launch_sequential(ws)))
+                rec("chunk_states", quick(lambda: ssd_mod._launch_chunk_states(ws)))
+                rec("chunk_pass", quick(lambda: ssd_mod._launch_chunk_pass(ws)))
+                kern = ssd_mod._chunk_output_kernel
+                kern.cache = {}  # re-tune here, so configs_timings are this shape's
                 ssd_mod._launch_output(ws)
                 rec("output", quick(lambda: ssd_mod._launch_output(ws)), rel(ws.y, y_ref))
-                kern = ssd_mod._chunk_output_kernel
-                timings = getattr(kern, "configs_timings", None) or {}
-                for cfg, t in timings.items():
-                    rec("output_autotune", t[0] if isinstance(t, (list, tuple)) else t, config=str(cfg))
-                for v in ssd_mod.VARIANTS:
-
-                    def fn(v: str = v) -> tuple[torch.Tensor, torch.Tensor]:
-                        return ssd_mod.ssd_chunk_scan(*args, cu, None, chunk_size=Q, variant=v)
-
-                    rec(f"full_{v}", quick(fn), rel(fn()[0], y_ref))
-                    if not SMOKE:
-                        with contextlib.suppress(Exception):
-                            g = triton.testing.do_bench_cudagraph(fn, rep=30, quantiles=[0.5])
-                            rec(f"full_{v}_graph", g[0] if isinstance(g, (list, tuple)) else g)
-                if name == "1b" and T == 8192:  # extra output-kernel configs, each checked
+                for cfg, t in (getattr(kern, "configs_timings", None) or {}).items():
+                    rec("output_autotune", float(t[0] if isinstance(t, (list, tuple)) else t), config=str(cfg))
+                if EXPLORE and name == "1b" and T == 8192:  # extra output-kernel configs, each checked
                     saved = kern.configs
                     for m_, k_, p_, w_, st_ in EXTRA_OUT_CONFIGS:
                         cfg = triton.Config({"BLOCK_M": m_, "BLOCK_K": k_, "BLOCK_P": p_}, num_warps=w_,
@@ -917,7 +914,7 @@ def section_norms(run: Run) -> None:
 
 
 def section_attention(run: Run) -> None:
-    decode = [(b, c) for c in (1024, 8192, 32768) for b in (1, 16, 64, 256)]
+    decode = [(b, c) for c in (1024, 32768) for b in (1, 16, 64, 256)]
     prefill = [1024, 4096, 16384]
     if SMOKE:
         decode, prefill = [(2, 40)], [32]
@@ -993,6 +990,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--budget", type=float, default=330.0, help="seconds for the whole run")
     ap.add_argument("--smoke", action="store_true", help="tiny CPU run under the interpreter")
+    ap.add_argument("--explore", action="store_true", help="also sweep extra tiles and configs")
     args = ap.parse_args()
     run = Run(args.out, args.budget)
     torch.manual_seed(0)
@@ -1002,11 +1000,11 @@ def main() -> None:
         ("correctness", lambda: section_correctness(run, mamba)),
         ("ssd", lambda: section_ssd(run, mamba)),
         ("ssu", lambda: section_ssu(run, mamba)),
-        ("explore_ssd", lambda: section_explore_ssd(run)),
-        ("explore_ssu", lambda: section_explore_ssu(run)),
-        ("attention", lambda: section_attention(run)),
+        ("breakdown_ssd", lambda: section_breakdown_ssd(run)),
+        *([("explore_ssu", lambda: section_explore_ssu(run))] if EXPLORE else []),
         ("conv", lambda: section_conv(run)),
         ("norms", lambda: section_norms(run)),
+        ("attention", lambda: section_attention(run)),
     ]
     for name, fn in sections:
         if run.left() < 10:

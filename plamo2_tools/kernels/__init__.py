@@ -64,7 +64,12 @@ class Ops(Protocol):
         initial_state: Tensor | None = None,
         chunk_size: int = 256,
     ) -> tuple[Tensor, Tensor]:
-        """Packed Mamba2 scan.  Returns y (T, H, P) and fp32 final states (S, H, P, N)."""
+        """Packed Mamba2 scan.  Returns y (T, H, P) and fp32 final states (S, H, P, N).
+
+        ``chunk_size`` is exact for the PyTorch path; the Triton one on CUDA treats it as a hint
+        and picks its own chunk size and state-pass variant per shape (the result does not
+        depend on the chunk size in exact arithmetic; see ``kernels.ssd``).
+        """
         ...
 
     def ssd_state_update(

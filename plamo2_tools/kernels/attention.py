@@ -31,6 +31,7 @@ def _decode_split_kernel(
     sp, g, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     Hq = group * tl.num_programs(1)
     L = tl.load(lens_ptr + b)
+    b = b.to(tl.int64)  # b * sk_s passes 2**31 for caches over 4 GiB (seen: 8b, 256 x 32K tokens)
     lo = tl.maximum(L - 1 - window, 0) if HAS_WINDOW else 0
     per = tl.cdiv(tl.cdiv(L - lo, n_splits), BLOCK_N) * BLOCK_N
     k_lo = lo + sp * per
@@ -46,9 +47,9 @@ def _decode_split_kernel(
     for j0 in range(k_lo, k_hi, BLOCK_N):
         cols = j0 + tl.arange(0, BLOCK_N)
         ok = cols < k_hi
-        k = tl.load(k_ptr + b * sk_s + cols[:, None] * sk_l + g * sk_h + d[None, :],
+        k = tl.load(k_ptr + b * sk_s + cols[:, None].to(tl.int64) * sk_l + g * sk_h + d[None, :],
                     mask=ok[:, None], other=0.0)  # fmt: skip
-        v = tl.load(v_ptr + b * sv_s + cols[:, None] * sv_l + g * sv_h + d[None, :],
+        v = tl.load(v_ptr + b * sv_s + cols[:, None].to(tl.int64) * sv_l + g * sv_h + d[None, :],
                     mask=ok[:, None], other=0.0)  # fmt: skip
         s = tl.where(ok[None, :], dot(q, tl.trans(k), DOT_F32) * qk_scale, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, axis=1))
@@ -68,7 +69,7 @@ def _decode_split_kernel(
 def _decode_merge_kernel(
     o_ptr, ml_ptr, out_ptr, n_splits, HEAD_D: tl.constexpr, BLOCK_SPLITS: tl.constexpr
 ):
-    bh = tl.program_id(0)  # = b * Hq + h, also the row of the (B, Hq, d) output
+    bh = tl.program_id(0).to(tl.int64)  # = b * Hq + h, also the row of the (B, Hq, d) output
     sp = tl.arange(0, BLOCK_SPLITS)
     ok = sp < n_splits
     m = tl.load(ml_ptr + (bh * n_splits + sp) * 2, mask=ok, other=float("-inf"))

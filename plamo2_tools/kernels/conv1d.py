@@ -117,7 +117,7 @@ def _conv_update_kernel(
     x_ptr, state_ptr, w_ptr, y_ptr, Cch, sx, ss_b, ss_c, ss_k,
     K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_C: tl.constexpr,
 ):  # fmt: skip
-    b = tl.program_id(0)
+    b = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     j = tl.arange(0, BLOCK_K)
     c_ok, hist_ok = c < Cch, j < K - 1

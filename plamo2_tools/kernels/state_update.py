@@ -24,7 +24,7 @@ def _state_update_kernel(
     HAS_Z: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     bh = tl.program_id(1)
-    b, h = bh // H, bh % H
+    b, h = (bh // H).to(tl.int64), bh % H  # int64: a large state pool passes 2**31 elements
     p = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
     n = tl.arange(0, BLOCK_N)
     p_ok, n_ok = p < P, n < N

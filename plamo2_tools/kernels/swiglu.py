@@ -11,7 +11,7 @@ from plamo2_tools.kernels.triton_math import silu
 
 @triton.jit
 def _silu_mul_kernel(x_ptr, y_ptr, F, sx, BLOCK: tl.constexpr):
-    row = tl.program_id(0)
+    row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < F
     gate = tl.load(x_ptr + row * sx + cols, mask=mask, other=0.0).to(tl.float32)

@@ -29,6 +29,8 @@ def test_ssd_chunk_scan_plamo(H: int) -> None:
             y, final = ssd.ssd_chunk_scan(*args, cu, init, chunk_size=chunk, variant=variant)
             assert rel_err(y, y_ref) < TOL[BF16], (chunk, variant)
             assert rel_err(final, final_ref) < TOL[BF16], (chunk, variant)
+    y, final = get_ops("triton").ssd_chunk_scan(*args, cu, init)  # run-time (variant, Q) pick
+    assert rel_err(y, y_ref) < TOL[BF16] and rel_err(final, final_ref) < TOL[BF16]
 
 
 @pytest.mark.parametrize("state_dtype", [torch.float32, BF16])

@@ -270,6 +270,19 @@ def test_attention(case, window: int | None, hq: int, hkv: int) -> None:
     assert rel_err(out, expect) < TOL[dtype]
 
 
+@pytest.mark.parametrize("n_q,kv_len", [(600, 600), (300, 650)])
+def test_attention_long_window(case, n_q: int, kv_len: int) -> None:
+    """Prefill / chunked prefill longer than the query blocks of the windowed SDPA path."""
+    ops, dtype = case
+    hq, hkv, d, window = 4, 1, 16, 7
+    q = randn(n_q, hq, d, dtype=dtype)
+    k_cache, v_cache = randn(1, kv_len, hkv, d, dtype=dtype), randn(1, kv_len, hkv, d, dtype=dtype)
+    lens = torch.tensor([kv_len], device=DEVICE)
+    out = ops.attention(q, k_cache, v_cache, seqlens([n_q]), lens, 0.25, window)
+    q64, k64, v64 = d64(q, k_cache, v_cache)
+    assert rel_err(out, ref.attention(q64, k64[0], v64[0], 0.25, window)) < TOL[dtype]
+
+
 @pytest.mark.parametrize("window", [None, 5, 100])
 @pytest.mark.parametrize("hq,hkv", [(4, 1), (6, 2), (2, 2)])
 def test_attention_decode(case, window: int | None, hq: int, hkv: int) -> None:
