@@ -16,7 +16,6 @@ from .safetensors_io import DTYPE_NAMES, SafetensorsFile, TensorInfo, read_heade
 
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
-SHOWN_PROBLEMS = 5  # inventory problems named in the one-line error
 
 
 class HFCheckpoint:
@@ -91,13 +90,9 @@ class HFCheckpoint:
     def check_inventory(self) -> None:
         problems = self.inventory_problems()
         if problems:
-            # One line (the CLI's error contract); `inspect` lists every problem.
-            shown = "; ".join(problems[:SHOWN_PROBLEMS])
-            more = len(problems) - SHOWN_PROBLEMS
-            tail = f"; and {more} more (`plamo2-tools inspect` lists them all)" if more > 0 else ""
-            raise CheckpointError(
-                f"{self.path}: the tensors do not match config.json ({len(problems)} problem(s)): {shown}{tail}"
-            )
+            # Every problem, on one line (the CLI prints errors as one line each).
+            head = f"{self.path}: the tensors do not match config.json ({len(problems)} problem(s)): "
+            raise CheckpointError(head + "; ".join(problems))
 
     # ---- reading ----------------------------------------------------------------------------
     def file_of(self, name: str) -> SafetensorsFile:

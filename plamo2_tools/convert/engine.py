@@ -30,7 +30,7 @@ from ..safetensors_io import PartialFile, atomic_write_text, fsync_dir, tensor_b
 from .layout import OutputTensor, apply_transforms
 from .manifest import FORMAT, FORMAT_VERSION, JOURNAL_NAME, MANIFEST_NAME, dtype_name, tensor_record
 from .plan import FilePlan, Plan, make_plan, output_path_problems
-from .sources import Source, open_source, side_files
+from .sources import ShardSource, Source, open_source, side_files
 
 log = logging.getLogger("plamo2_tools.convert")
 CHUNK_BYTES = 64 * 2**20
@@ -88,7 +88,7 @@ def _clear_outputs(out: Path) -> None:
 
 def _prepare_output(out: Path, plan: Plan, force: bool) -> dict[str, dict[str, Any]]:
     """Decide fresh / resume / up-to-date / refuse.  Returns journal records worth reusing."""
-    out.mkdir(parents=True, exist_ok=True)
+    make_output_dir(out)
     manifest = out / MANIFEST_NAME
     journal = Journal(out / JOURNAL_NAME)
     if manifest.exists():
@@ -203,6 +203,18 @@ def _input_digests(files: list[Path]) -> dict[str, dict[str, Any]]:
     return {p.name: {"size": p.stat().st_size, "sha256": sha256_file(p)[0]} for p in files}
 
 
+def make_output_dir(out: Path) -> None:
+    """mkdir -p OUT, with one-line errors: an existing file there (or above it) is the user's to
+    fix (exit 2); a refusal from the system (permissions, read-only, full) is environmental (3)."""
+    for p in (out, *out.parents):
+        if p.exists() and not p.is_dir():
+            raise OutputExistsError(f"{out}: {p} exists and is not a directory")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise EnvironmentLimitError(f"{out}: cannot create the output directory ({e.strerror or e})") from None
+
+
 def _check_disk(out: Path, need: int) -> None:
     free = shutil.disk_usage(out).free
     if need > free:
@@ -233,6 +245,9 @@ def convert(
             raise UserError("; ".join(problems))
         kwargs = {} if max_part_size is None else {"max_part_size": max_part_size}
         plan = make_plan(source, tp, pp, pp_layers, dtype, **kwargs)
+        # Shards as input are checked against their manifest before OUT is touched; their digests
+        # then serve as our input record (an HF source is hashed while we stream).
+        known_inputs = source.verify() if isinstance(source, ShardSource) else None
         records = _prepare_output(out, plan, force)
         if "__complete__" in records:
             manifest = json.loads((out / MANIFEST_NAME).read_text())
@@ -249,7 +264,9 @@ def convert(
         journal = Journal(out / JOURNAL_NAME)
         written = 0
         with ThreadPoolExecutor(max_workers=2, thread_name_prefix="plamo2-hash") as pool:
-            inputs: Future = pool.submit(_input_digests, source.input_files())
+            inputs: Future | None = None
+            if known_inputs is None:
+                inputs = pool.submit(_input_digests, source.input_files())
             finishing: list[Future] = []
             for unit in todo:
                 parts: dict[str, PartialFile] = {}
@@ -264,7 +281,7 @@ def convert(
                 finishing += [pool.submit(_finish_file, parts[f.name], f, journal) for f in unit]
             for fut in finishing:
                 fut.result()
-            input_digests = inputs.result()
+            input_digests = known_inputs if inputs is None else inputs.result()
         finished = {**records, **journal.read(plan.fingerprint)}  # type: ignore[dict-item]
         copied = _copy_side_files(source, out)
         manifest = _manifest(source, plan, finished, input_digests, copied)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ..errors import OutputExistsError, UserError
 from ..safetensors_io import PartialFile, plan_file, tensor_bytes
-from .engine import CHUNK_BYTES, _check_disk
+from .engine import CHUNK_BYTES, _check_disk, make_output_dir
 from .plan import DEFAULT_MAX_PART_SIZE, output_path_problems
 from .sources import ShardSource, side_files
 
@@ -32,11 +32,13 @@ def merge(
         problems = output_path_problems(source.path, out)
         if problems:
             raise UserError("; ".join(problems))
-        if out.exists() and any(out.iterdir()):
+        source.verify()  # a damaged shard must not come back as a clean-looking HF checkpoint
+        make_output_dir(out)
+        if any(out.iterdir()):
             if not force:
                 raise OutputExistsError(f"{out}: exists and is not empty (use --force to replace it)")
             shutil.rmtree(out)
-        out.mkdir(parents=True, exist_ok=True)
+            out.mkdir()
         tensors = list(source.config.hf_tensor_shapes())
         groups: list[list[str]] = [[]]
         size = 0

@@ -7,12 +7,13 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
 from ..checkpoint import HFCheckpoint
 from ..config import Plamo2Config
+from ..digest import sha256_file
 from ..errors import CheckpointError, UserError
 from ..safetensors_io import TensorInfo, read_header, read_rows
 from .layout import invert_transforms
@@ -170,6 +171,27 @@ class ShardSource:
 
     def input_files(self) -> list[Path]:
         return [self.path / f for f in sorted(self.manifest.files)]
+
+    def verify(self) -> dict[str, dict[str, Any]]:
+        """Every shard file against the size and sha256 its manifest records.  Reading shards back
+        checks only headers, so without this a damaged shard would be resharded or merged into
+        output whose own manifest then vouches for it.  Returns the digests (convert's input record)."""
+        digests: dict[str, dict[str, Any]] = {}
+        bad = []
+        for path in self.input_files():
+            if not path.is_file():
+                raise CheckpointError(f"{path}: listed in the manifest but missing")
+            size = path.stat().st_size
+            digests[path.name] = {"size": size, "sha256": sha256_file(path)[0]}
+            rec = self.manifest.files[path.name]
+            if (size, digests[path.name]["sha256"]) != (rec["size"], rec["sha256"]):
+                bad.append(path.name)
+        if bad:
+            raise CheckpointError(
+                f"{self.path}: {', '.join(bad)}: size or sha256 differs from the manifest (damaged or replaced "
+                f"shard file; `plamo2-tools check {self.path}` shows more)"
+            )
+        return digests
 
     def read_order(self, names: list[str]) -> list[str]:
         return sorted(names)

@@ -1,9 +1,10 @@
-"""Fixtures for the convert / merge / check tests: tiny synthetic checkpoints (cached per
-session), the real CLI in-process, and small file-surgery helpers."""
+"""Fixtures for the convert / merge / check tests: synthetic checkpoints (cached per session) and
+the real CLI run in-process.  Helpers that compute expectations live in convert_expect.py."""
 
 from __future__ import annotations
 
 import hashlib
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -65,7 +66,6 @@ def make_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> MakeCheckpoint:
 @pytest.fixture
 def copy_checkpoint(tmp_path: Path) -> Callable[[Path], Path]:
     """A private copy of a cached checkpoint, safe to damage."""
-    import shutil
 
     def copy(src: Path) -> Path:
         dst = tmp_path / "src"

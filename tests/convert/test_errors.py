@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import safetensors.torch
-from convert_expect import load_hf
+from convert_expect import flip_byte, load_hf
 
 from plamo2_tools.convert import engine
 from plamo2_tools.convert.manifest import MANIFEST_NAME
@@ -31,7 +31,8 @@ def _fails(cli, *args, code: int, says: str) -> str:
 
 def _no_manifest(out: Path) -> None:
     assert not (out / MANIFEST_NAME).exists()
-    assert not list(out.glob("*.partial")) if out.exists() else True
+    if out.exists():
+        assert not list(out.glob("*.partial")), "unfinished files must be removed on an error"
 
 
 def _rewrite_header(path: Path, edit: Callable[[dict], None]) -> None:
@@ -92,7 +93,7 @@ def test_header_length_absurd(cli, make_checkpoint, copy_checkpoint, tmp_path: P
     ("edit", "says"),
     [
         (lambda h: h["model.norm.weight"].update(data_offsets=[0, 8]), "do not match"),  # wrong length
-        # two tensors trade places in the buffer with their lengths kept: a hole and an overlap
+        # one tensor moved 4 bytes on, length kept: a hole before it and an overlap after it
         (
             lambda h: h["model.norm.weight"].update(
                 data_offsets=[
@@ -118,7 +119,7 @@ def test_header_bad_offsets(cli, make_checkpoint, copy_checkpoint, tmp_path: Pat
         (
             lambda t: t.pop("model.layers.layers.1.mixer.k_weight"),
             "missing tensor model.layers.layers.1.mixer.k_weight",
-        ),  # noqa: E501
+        ),
         (
             lambda t: t.update({"model.layers.layers.1.mixer.rotary_emb.inv_freq": t["model.norm.weight"][:8].clone()}),
             "unexpected tensor model.layers.layers.1.mixer.rotary_emb.inv_freq",
@@ -138,8 +139,8 @@ def test_wrong_tensors(cli, make_checkpoint, tmp_path: Path, edit, says: str) ->
 
 def test_many_wrong_tensors_still_one_line(cli, make_checkpoint, tmp_path: Path) -> None:
     src = _resave(make_checkpoint("tiny"), tmp_path / "src", lambda t: [t.pop(k) for k in list(t) if ".layers.0." in k])
-    line = _fails(cli, src, tmp_path / "out", code=2, says="missing tensor model.layers.layers.0.")
-    assert "problem(s)" in line
+    line = _fails(cli, src, tmp_path / "out", code=2, says="(17 problem(s))")
+    assert line.count("missing tensor model.layers.layers.0.") == 17  # every one named, still one line
 
 
 @pytest.mark.parametrize(
@@ -233,3 +234,37 @@ def test_not_a_checkpoint(cli, tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
     _fails(cli, tmp_path / "empty", tmp_path / "out", code=2, says="config.json")
     _fails(cli, tmp_path / "nowhere", tmp_path / "out", code=2, says="not a directory")
+
+
+def test_output_is_a_file(cli, make_checkpoint, tmp_path: Path) -> None:
+    (tmp_path / "afile").write_text("not a directory")
+    _fails(cli, make_checkpoint("tiny"), tmp_path / "afile", code=2, says="exists and is not a directory")
+    _fails(cli, make_checkpoint("tiny"), tmp_path / "afile" / "out", code=2, says="exists and is not a directory")
+    assert (tmp_path / "afile").read_text() == "not a directory"
+    cli("convert", make_checkpoint("tiny"), tmp_path / "shards", "--json")
+    r = cli("merge", tmp_path / "shards", tmp_path / "afile", expect=2)
+    assert r.stderr.strip().splitlines()[-1].endswith("exists and is not a directory")
+
+
+def test_output_directory_cannot_be_created(cli, make_checkpoint, tmp_path: Path, monkeypatch) -> None:
+    """Permissions or a read-only mount (root passes permission checks, so simulated)."""
+
+    def refuse(self, *args, **kwargs):
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
+
+    monkeypatch.setattr(Path, "mkdir", refuse)
+    _fails(cli, make_checkpoint("tiny"), tmp_path / "out", code=3, says="cannot create the output directory")
+
+
+def test_damaged_shards_are_not_resharded_or_merged(cli, make_checkpoint, tmp_path: Path) -> None:
+    """Reading shards back checks headers only; the manifest's digests must catch the rest, or the
+    damage would come out under a fresh manifest that `check` then passes."""
+    shards = tmp_path / "shards"
+    cli("convert", make_checkpoint("tiny-gqa"), shards, "--tp", 2, "--json")
+    flip_byte(shards / "model-rank-1-part-0.safetensors", -100)
+    _fails(
+        cli, shards, tmp_path / "resharded", "--tp", 4, code=2, says="model-rank-1-part-0.safetensors: size or sha256"
+    )
+    assert not (tmp_path / "resharded").exists()
+    r = cli("merge", shards, tmp_path / "merged", expect=2)
+    assert "sha256 differs from the manifest" in r.stderr and not (tmp_path / "merged").exists()

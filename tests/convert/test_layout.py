@@ -27,8 +27,9 @@ from convert_expect import (
 )
 
 from plamo2_tools import __version__
+from plamo2_tools.config import Plamo2Config
 from plamo2_tools.convert.manifest import MANIFEST_NAME
-from plamo2_tools.synth import preset_config
+from plamo2_tools.synth import PRESETS, preset_config
 
 # Every valid split of the issue: tp in {1, 2, 4 where valid, 8 for 1 < Hkv < tp} x pp in {1, 2, 3}
 # where valid.  tiny: Hq=4 (tp<=4), L=4.  tiny-gqa: Hq=8, Hkv=2 (tp 4 and 8 replicate KV heads),
@@ -92,16 +93,10 @@ def test_pp_split_follows_vllm_get_pp_indices() -> None:
                 (32, 5): [6, 6, 7, 7, 6], (32, 6): [5, 5, 5, 6, 6, 5], (16, 5): [3, 3, 3, 4, 3],
                 (5, 3): [2, 2, 1], (4, 3): [1, 2, 1]}  # fmt: skip
     for (layers, pp), counts in examples.items():
-        cfg = preset_config("tiny").__class__.from_dict({**_raw("plamo-2-1b"), "num_hidden_layers": layers})
+        cfg = Plamo2Config.from_dict({"model_type": "plamo2", **PRESETS["plamo-2-1b"], "num_hidden_layers": layers})
         stages = make_mapping(cfg, 1, pp).stages
         assert [b - a for a, b in stages] == counts, (layers, pp)
         assert vllm_pp_counts(layers, pp) == counts  # keeps the test's own helper honest
-
-
-def _raw(preset: str) -> dict:
-    from plamo2_tools.synth import PRESETS
-
-    return {"model_type": "plamo2", **PRESETS[preset]}
 
 
 def test_pp_layers_override(converted, make_checkpoint) -> None:
@@ -250,3 +245,18 @@ def test_many_small_chunks(cli, make_checkpoint, tmp_path: Path, monkeypatch: py
     for rank in range(tp * pp):
         want = expected_rank(hf, cfg, tp, stages, rank)
         assert_same_tensors(load_rank(out, rank), want, f"{preset} tp={tp} pp={pp} rank {rank}", Watermark(cfg).decode)
+    cli("check", out, "--json")  # digests and padding of a chunk-by-chunk written file
+
+
+def test_source_split_over_several_files(cli, make_checkpoint, tmp_path: Path) -> None:
+    """An HF checkpoint in 4 files with model.safetensors.index.json gives the same shards."""
+    single, split = make_checkpoint("tiny-gqa"), make_checkpoint("tiny-gqa", files=4)
+    assert (split / "model.safetensors.index.json").exists()
+    cli("convert", single, tmp_path / "a", "--tp", 4, "--pp", 2, "--json")
+    cli("convert", split, tmp_path / "b", "--tp", 4, "--pp", 2, "--json")
+    for rank in range(8):
+        name = f"model-rank-{rank}-part-0.safetensors"
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
+    assert not (tmp_path / "b" / "model.safetensors.index.json").exists()  # the HF index is not copied
+    manifest = json.loads((tmp_path / "b" / MANIFEST_NAME).read_text())
+    assert len(manifest["source"]["files"]) == 4
