@@ -14,6 +14,7 @@ import json
 import math
 import os
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -175,10 +176,12 @@ class FileLayout:
 
 
 def plan_file(
-    entries: list[tuple[str, torch.dtype, tuple[int, ...]]], metadata: dict[str, str]
+    entries: list[tuple[str, torch.dtype, tuple[int, ...]]], metadata: dict[str, str], keep_order: bool = False
 ) -> FileLayout:
-    """Deterministic layout: wider dtypes first (natural alignment), then by name; JSON keys sorted."""
-    order = sorted(entries, key=lambda e: (-dtype_size(e[1]), e[0]))
+    """Deterministic layout: wider dtypes first (natural alignment), then by name, or in the given
+    order within each dtype width when `keep_order` (convert writes files front to back); JSON
+    keys sorted."""
+    order = sorted(entries, key=lambda e: (-dtype_size(e[1]), 0 if keep_order else e[0]))
     header: dict[str, object] = {"__metadata__": dict(sorted(metadata.items()))}
     rel: dict[str, int] = {}
     nbytes: dict[str, int] = {}
@@ -197,10 +200,13 @@ def plan_file(
 class PartialFile:
     """A file written under `<name>.partial`, renamed into place only when complete."""
 
-    def __init__(self, path: Path, layout: FileLayout) -> None:
+    def __init__(
+        self, path: Path, layout: FileLayout, observe: Callable[[int, memoryview], None] | None = None
+    ) -> None:
         self.path = path
         self.partial = path.with_name(path.name + ".partial")
         self.layout = layout
+        self.observe = observe  # sees every write after it succeeded (convert hashes the stream)
         self.fd = os.open(self.partial, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             _allocate(self.fd, layout.size, self.partial)
@@ -217,6 +223,8 @@ class PartialFile:
                 done += os.pwrite(self.fd, view[done:], offset + done)
             except OSError as e:
                 raise _env_error(e, self.partial) from None
+        if self.observe is not None:
+            self.observe(offset, view)
 
     def sync(self) -> None:
         """Flush the payload to disk and close; the file keeps its .partial name."""
@@ -242,14 +250,16 @@ class PartialFile:
 
 
 def _allocate(fd: int, size: int, path: Path) -> None:
-    """Reserve the whole file now, so a full disk shows up before any payload is written."""
+    """Give the file its final size (sparse).
+
+    Not posix_fallocate: on ext4 every later write into the preallocated (unwritten) extents pays
+    for an extent conversion, which made writing 5 GB five times slower (15 s instead of 3 s of
+    system time, measured here).  Free space is checked before writing instead, and a full disk
+    during the writes is still one clear error."""
     try:
-        os.posix_fallocate(fd, 0, size)
+        os.ftruncate(fd, size)
     except OSError as e:
-        if e.errno in (95, 22):  # EOPNOTSUPP / EINVAL: the filesystem cannot preallocate
-            os.ftruncate(fd, size)
-        else:
-            raise _env_error(e, path) from None
+        raise _env_error(e, path) from None
 
 
 def _env_error(e: OSError, path: Path) -> EnvironmentLimitError:

@@ -12,6 +12,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 import threading
 import time
@@ -24,16 +25,16 @@ from typing import Any
 import torch
 
 from .. import __version__
-from ..digest import sha256_file
-from ..errors import EnvironmentLimitError, OutputExistsError, UserError
+from ..digest import HashWorker, StreamDigest, sha256_file
+from ..errors import CheckpointError, EnvironmentLimitError, OutputExistsError, UserError
 from ..safetensors_io import PartialFile, atomic_write_text, fsync_dir, tensor_bytes
 from .layout import OutputTensor, apply_transforms
 from .manifest import FORMAT, FORMAT_VERSION, JOURNAL_NAME, MANIFEST_NAME, dtype_name, tensor_record
-from .plan import FilePlan, Plan, make_plan, output_path_problems
+from .plan import FilePlan, Plan, canonical_order, make_plan, output_path_problems
 from .sources import ShardSource, Source, open_source, side_files
 
 log = logging.getLogger("plamo2_tools.convert")
-CHUNK_BYTES = 64 * 2**20
+CHUNK_BYTES = 8 * 2**20  # small enough to stay in the heap (no page faults) and in cache for hashing
 Progress = Callable[[int], None]
 
 
@@ -131,14 +132,17 @@ def _verified(out: Path, f: FilePlan, records: dict[str, dict[str, Any]]) -> boo
     return True
 
 
-def _write_tensor_chunk(part: PartialFile, t: OutputTensor, chunk: torch.Tensor, a: int, b: int) -> int:
-    """Write the part of output tensor t that source rows [a, b) feed.  Returns bytes written."""
+def _write_tensor_chunk(part: PartialFile, t: OutputTensor, chunk: torch.Tensor, a: int, b: int, last: bool) -> int:
+    """Write the part of output tensor t that source rows [a, b) feed.  Returns bytes written.
+
+    Writes land in increasing offsets within t (padding with the last chunk, after the real rows),
+    except for interleaved pieces spread over several chunks, where the stream hash gives up."""
     base = part.layout.offsets[t.key]
     row_bytes = part.layout.nbytes[t.key] // t.shape[0]
     row, written = 0, 0
     for p in t.pieces:
         if p.source is None:  # zero padding rows, written once
-            if a == 0:
+            if last:
                 zeros = torch.zeros((p.length, *t.shape[1:]), dtype=t.dtype)
                 part.write_at(base + row * row_bytes, tensor_bytes(zeros))
                 written += zeros.numel() * zeros.element_size()
@@ -158,31 +162,58 @@ def _write_tensor_chunk(part: PartialFile, t: OutputTensor, chunk: torch.Tensor,
     return written
 
 
+def stream_order(source: Source, tensors: list[OutputTensor]) -> list[str]:
+    """The order sources are streamed in, which is also the byte order of every output file
+    (plan.make_plan lays files out the same way): wider output dtypes first, then read order."""
+    width = {t.source: t.dtype.itemsize for t in tensors}
+    order = canonical_order(source.config)
+    return sorted(width, key=lambda n: (-width[n], order[n]))
+
+
 def _stream_unit(source: Source, unit: list[FilePlan], parts: dict[str, PartialFile], progress: Progress | None) -> int:
     targets: dict[str, list[tuple[PartialFile, OutputTensor]]] = {}
     for f in unit:
         for t in f.tensors:
             targets.setdefault(t.source, []).append((parts[f.name], t))
     written = 0
-    for name in source.read_order(list(targets)):
+    for name in stream_order(source, [t for f in unit for t in f.tensors]):
         st = source.tensors[name]
         step = max(1, CHUNK_BYTES // max(1, st.row_bytes))
         for a in range(0, st.rows, step):
             b = min(a + step, st.rows)
             chunk = source.read_rows(name, a, b)
             for part, t in targets[name]:
-                n = _write_tensor_chunk(part, t, chunk, a, b)
+                n = _write_tensor_chunk(part, t, chunk, a, b, last=b == st.rows)
                 written += n
                 if progress:
                     progress(n)
     return written
 
 
-def _finish_file(part: PartialFile, f: FilePlan, journal: Journal) -> dict[str, Any]:
-    """fsync, hash what is on disk, rename into place, journal.  Runs in a worker thread."""
+@dataclass
+class _Hashing:
+    """The two stream digests of one output file: whole file and per tensor, each fed by its own
+    thread so the hashing of both runs beside the copying."""
+
+    whole: StreamDigest
+    tensors: StreamDigest
+
+    @classmethod
+    def of(cls, f: FilePlan) -> _Hashing:
+        ranges = {k: (off, off + f.layout.nbytes[k]) for k, off in f.layout.offsets.items()}
+        return cls(StreamDigest(f.layout.size, {}), StreamDigest(f.layout.size, ranges, whole=False))
+
+
+def _finish_file(part: PartialFile, f: FilePlan, hashing: _Hashing, journal: Journal) -> dict[str, Any]:
+    """fsync, take the stream digests (or hash what is on disk if the stream was out of order),
+    rename into place, journal.  Runs in a worker thread."""
     part.sync()
-    ranges = {k: (off, off + part.layout.nbytes[k]) for k, off in part.layout.offsets.items()}
-    digest, tensor_digests = sha256_file(part.partial, ranges)
+    whole, tensors = hashing.whole.result(), hashing.tensors.result()
+    if whole is None or tensors is None:
+        ranges = {k: (off, off + part.layout.nbytes[k]) for k, off in part.layout.offsets.items()}
+        digest, tensor_digests = sha256_file(part.partial, ranges)
+    else:
+        digest, tensor_digests = whole[0], tensors[1]
     part.commit()
     record = {"file": f.name, "size": f.layout.size, "sha256": digest, "tensors": tensor_digests}
     journal.append(record)
@@ -200,7 +231,16 @@ def _copy_side_files(source: Source, out: Path) -> list[str]:
 
 
 def _input_digests(files: list[Path]) -> dict[str, dict[str, Any]]:
-    return {p.name: {"size": p.stat().st_size, "sha256": sha256_file(p)[0]} for p in files}
+    """sha256 of every input file.  A file in a Hugging Face cache is a link to a blob named by
+    its sha256: a different digest means a damaged download, and nothing may vouch for it."""
+    digests = {}
+    for p in files:
+        digest = sha256_file(p)[0]
+        blob = p.resolve().name
+        if re.fullmatch(r"[0-9a-f]{64}", blob) and blob != digest:
+            raise CheckpointError(f"{p}: content sha256 {digest[:12]}... differs from its Hugging Face cache blob name {blob[:12]}... (damaged download?)")
+        digests[p.name] = {"size": p.stat().st_size, "sha256": digest}
+    return digests
 
 
 def make_output_dir(out: Path) -> None:
@@ -236,8 +276,29 @@ def convert(
     on_plan: Callable[[Plan], None] | None = None,
 ) -> ConvertResult:
     """Convert an HF checkpoint (or shards of ours) into TP x PP shards in `out`."""
+    threads = torch.get_num_threads()
+    # The copies are small and memory-bound; torch's OpenMP workers would only spin on the cores
+    # the hashing threads need.
+    torch.set_num_threads(1)
+    try:
+        return _convert(src, Path(out), tp, pp, pp_layers, dtype, max_part_size, force, progress, on_plan)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _convert(
+    src: str | Path,
+    out: Path,
+    tp: int,
+    pp: int,
+    pp_layers: list[int] | None,
+    dtype: str,
+    max_part_size: int | None,
+    force: bool,
+    progress: Progress | None,
+    on_plan: Callable[[Plan], None] | None,
+) -> ConvertResult:
     start = time.perf_counter()
-    out = Path(out)
     source = open_source(src)
     try:
         problems = output_path_problems(source.path, out)
@@ -263,25 +324,41 @@ def convert(
             on_plan(plan)
         journal = Journal(out / JOURNAL_NAME)
         written = 0
-        with ThreadPoolExecutor(max_workers=2, thread_name_prefix="plamo2-hash") as pool:
-            inputs: Future | None = None
-            if known_inputs is None:
-                inputs = pool.submit(_input_digests, source.input_files())
-            finishing: list[Future] = []
-            for unit in todo:
-                parts: dict[str, PartialFile] = {}
-                try:
-                    for f in unit:
-                        parts[f.name] = PartialFile(out / f.name, f.layout)
-                    written += _stream_unit(source, unit, parts, progress)
-                except BaseException:
-                    for part in parts.values():
-                        part.abort()
-                    raise
-                finishing += [pool.submit(_finish_file, parts[f.name], f, journal) for f in unit]
-            for fut in finishing:
-                fut.result()
-            input_digests = known_inputs if inputs is None else inputs.result()
+        file_hasher, tensor_hasher = HashWorker("plamo2-hash-file"), HashWorker("plamo2-hash-tensors")
+        try:
+            with ThreadPoolExecutor(max_workers=2, thread_name_prefix="plamo2-finish") as pool:
+                inputs: Future | None = None
+                if known_inputs is None:
+                    inputs = pool.submit(_input_digests, source.input_files())
+                finishing: list[Future] = []
+                for unit in todo:
+                    parts: dict[str, PartialFile] = {}
+                    hashing = {f.name: _Hashing.of(f) for f in unit}
+
+                    def observer(h: _Hashing) -> Callable[[int, memoryview], None]:
+                        def observe(offset: int, data: memoryview) -> None:
+                            file_hasher.submit(h.whole, offset, data)
+                            tensor_hasher.submit(h.tensors, offset, data)
+
+                        return observe
+
+                    try:
+                        for f in unit:
+                            parts[f.name] = PartialFile(out / f.name, f.layout, observer(hashing[f.name]))
+                        written += _stream_unit(source, unit, parts, progress)
+                        file_hasher.drain()
+                        tensor_hasher.drain()
+                    except BaseException:
+                        for part in parts.values():
+                            part.abort()
+                        raise
+                    finishing += [pool.submit(_finish_file, parts[f.name], f, hashing[f.name], journal) for f in unit]
+                for fut in finishing:
+                    fut.result()
+                input_digests = known_inputs if inputs is None else inputs.result()
+        finally:
+            file_hasher.close()
+            tensor_hasher.close()
         finished = {**records, **journal.read(plan.fingerprint)}  # type: ignore[dict-item]
         copied = _copy_side_files(source, out)
         manifest = _manifest(source, plan, finished, input_digests, copied)

@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 
 from .. import __version__
+from ..config import Plamo2Config
 from ..errors import UserError
 from ..safetensors_io import FileLayout, plan_file
 from .layout import Mapping, OutputTensor, make_mapping, rank_tensors
@@ -107,6 +108,14 @@ def fingerprint(source: Source, mapping: Mapping, out_dtype: torch.dtype | None,
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
 
 
+def canonical_order(cfg: Plamo2Config) -> dict[str, int]:
+    """HF tensor name -> position in the model's own order (embedding, layers, norm, head).
+
+    Sources are streamed and output files laid out in this order, which does not depend on how
+    the source checkpoint happens to be split into files."""
+    return {name: i for i, name in enumerate(cfg.hf_tensor_shapes())}
+
+
 def make_plan(
     source: Source,
     tp: int,
@@ -120,6 +129,7 @@ def make_plan(
     out_dtype = OUT_DTYPES[dtype]
     mapping = make_mapping(source.config, tp, pp, pp_layers)
     src_dtypes = {n: t.dtype for n, t in source.tensors.items()}
+    order = canonical_order(source.config)
     files = []
     for rank in range(mapping.world_size):
         tp_rank, pp_rank = mapping.ranks(rank)
@@ -133,7 +143,10 @@ def make_plan(
         }
         tensors = rank_tensors(source.config, src_dtypes, mapping, rank, out_dtype)
         for part, group in enumerate(_split_parts(tensors, max_part_size)):
-            layout = plan_file([(t.key, t.dtype, t.shape) for t in group], meta)
+            # Laid out in the order the engine streams sources, so every file is written front to
+            # back and hashed on the fly (see engine.stream_order).
+            group = sorted(group, key=lambda t: order[t.source])
+            layout = plan_file([(t.key, t.dtype, t.shape) for t in group], meta, keep_order=True)
             files.append(FilePlan(file_name(rank, part), rank, part, tuple(group), layout))
     return Plan(mapping, out_dtype, max_part_size, tuple(files), fingerprint(source, mapping, out_dtype, max_part_size))
 

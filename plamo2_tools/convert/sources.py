@@ -50,8 +50,6 @@ class Source(Protocol):
 
     def input_files(self) -> list[Path]: ...
 
-    def read_order(self, names: list[str]) -> list[str]: ...
-
     def close(self) -> None: ...
 
 
@@ -86,15 +84,6 @@ class HFSource:
 
     def input_files(self) -> list[Path]:
         return [f.path for f in self.ckpt.files]
-
-    def read_order(self, names: list[str]) -> list[str]:
-        """File order, then offset order: sequential reads."""
-        files = {f.path: i for i, f in enumerate(self.ckpt.files)}
-
-        def key(n: str) -> tuple[int, int]:
-            return files[self.ckpt.file_of(n).path], self.ckpt.tensors[n].offset
-
-        return sorted(names, key=key)
 
     def close(self) -> None:
         self.ckpt.close()
@@ -192,9 +181,6 @@ class ShardSource:
                 f"shard file; `plamo2-tools check {self.path}` shows more)"
             )
         return digests
-
-    def read_order(self, names: list[str]) -> list[str]:
-        return sorted(names)
 
     def close(self) -> None:
         for fd in self._fds.values():

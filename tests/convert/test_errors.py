@@ -205,14 +205,14 @@ def _enospc(*args, **kwargs):
     raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
 
-def test_enospc_while_preallocating(cli, make_checkpoint, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(os, "posix_fallocate", _enospc)
+def test_enospc_while_sizing_the_file(cli, make_checkpoint, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(os, "ftruncate", _enospc)
     _fails(cli, make_checkpoint("tiny"), tmp_path / "out", code=3, says="no space left on device")
     _no_manifest(tmp_path / "out")
 
 
 def test_enospc_while_writing(cli, make_checkpoint, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The disk fills up half way (after preallocation, e.g. a thin-provisioned volume)."""
+    """The disk fills up half way (the free-space check passed, then something else took it)."""
     real, calls = os.pwrite, [0]
 
     def pwrite(fd: int, data, offset: int) -> int:
@@ -268,3 +268,26 @@ def test_damaged_shards_are_not_resharded_or_merged(cli, make_checkpoint, tmp_pa
     assert not (tmp_path / "resharded").exists()
     r = cli("merge", shards, tmp_path / "merged", expect=2)
     assert "sha256 differs from the manifest" in r.stderr and not (tmp_path / "merged").exists()
+
+
+def test_damaged_hf_cache_blob_is_refused(cli, make_checkpoint, tmp_path: Path) -> None:
+    """In an HF cache the weights are links to blobs named by their sha256: a blob whose bytes do
+    not hash to its name is a damaged download and gets no manifest."""
+    import hashlib
+
+    src = tmp_path / "snapshot"
+    shutil.copytree(make_checkpoint("tiny"), src)
+    blobs = tmp_path / "blobs"
+    blobs.mkdir()
+    weights = src / "model.safetensors"
+    good = hashlib.sha256(weights.read_bytes()).hexdigest()
+    wrong = blobs / ("0" * 64)
+    weights.rename(wrong)
+    weights.symlink_to(wrong)
+    _fails(cli, src, tmp_path / "out", code=2, says="differs from its Hugging Face cache blob name")
+    _no_manifest(tmp_path / "out")
+    right = blobs / good
+    wrong.rename(right)
+    weights.unlink()
+    weights.symlink_to(right)
+    cli("convert", src, tmp_path / "out2", "--json")
