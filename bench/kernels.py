@@ -211,9 +211,7 @@ def mamba_ssd_call(m, x, dt, A, B, C, D, z, dt_bias, lens: list[int], batch: int
         )
     seq_idx = None
     if len(lens) > 1:
-        ids = torch.repeat_interleave(
-            torch.arange(len(lens), device=DEV), torch.tensor(lens, device=DEV)
-        )
+        ids = torch.repeat_interleave(torch.arange(len(lens), device=DEV), torch.tensor(lens, device=DEV))
         seq_idx = ids.to(torch.int32)[None]
     cu = cu_of(lens)
     return lambda: m.ssd(
@@ -240,9 +238,7 @@ def mamba_ssu_call(m, state, x, dt, A, B, C, D, z, dt_bias):
     dt_e = dt[:, :, None].expand(-1, H, P)
     A_e = A[:, None, None].expand(H, P, N)
     D_e, bias_e = D[:, None].expand(H, P), dt_bias[:, None].expand(H, P)
-    return lambda: m.ssu(
-        state, x, dt_e, A_e, B[:, None], C[:, None], D=D_e, z=z, dt_bias=bias_e, dt_softplus=True
-    )
+    return lambda: m.ssu(state, x, dt_e, A_e, B[:, None], C[:, None], D=D_e, z=z, dt_bias=bias_e, dt_softplus=True)
 
 
 # ------------------------------------------------------------------ sections
@@ -377,9 +373,7 @@ def section_correctness(run: Run, mamba) -> None:
             delta = F.softplus(dt + bias)
             ys, finals = [], []
             for s, (t0, t1) in enumerate(itertools.pairwise(cu_of(lens).tolist())):
-                y, f = ref.ssd_recurrence(
-                    x[t0:t1], delta[t0:t1], A, B[t0:t1], C[t0:t1], D, z[t0:t1], init[s].double()
-                )
+                y, f = ref.ssd_recurrence(x[t0:t1], delta[t0:t1], A, B[t0:t1], C[t0:t1], D, z[t0:t1], init[s].double())
                 ys.append(y)
                 finals.append(f)
             y_ref, f_ref = torch.cat(ys), torch.stack(finals)
@@ -421,16 +415,12 @@ def section_correctness(run: Run, mamba) -> None:
                 y, f = ops.ssd_chunk_scan(*args, cu_of(lens), init)
             check(run, "ssd_chunk_scan", "triton", dtype, max(rel(y, y_ref), rel(f, f_ref)), model=name, T=T_ssd)
             y, f = torch_ops.ssd_chunk_scan(*args, cu_of(lens), init, chunk_size=256)
-            check(
-                run, "ssd_chunk_scan", "torch", dtype, max(rel(y, y_ref), rel(f, f_ref)), model=name
-            )
+            check(run, "ssd_chunk_scan", "torch", dtype, max(rel(y, y_ref), rel(f, f_ref)), model=name)
             if mamba is not None and dtype == BF16:  # single sequence, no initial state
                 L0 = lens[0]
                 y0, _ = ref.ssd_recurrence(x[:L0], delta[:L0], A, B[:L0], C[:L0], D, z[:L0])
                 xs, dts, As, Bs, Cs, Ds, zs, bs = args
-                call = mamba_ssd_call(
-                    mamba, xs[:L0], dts[:L0], As, Bs[:L0], Cs[:L0], Ds, zs[:L0], bs, [L0], 1, 256
-                )
+                call = mamba_ssd_call(mamba, xs[:L0], dts[:L0], As, Bs[:L0], Cs[:L0], Ds, zs[:L0], bs, [L0], 1, 256)
                 check(run, "ssd_chunk_scan", "mamba_ssm", dtype, rel(call()[0][0], y0), model=name)
 
             Bsz = 64 if not SMOKE else 3
@@ -520,9 +510,7 @@ def section_correctness(run: Run, mamba) -> None:
             has = torch.tensor([True, False, True], device=DEV)
             cu = cu_of(clens).tolist()
             outs = [
-                ref.causal_conv1d_silu(
-                    x[cu[s] : cu[s + 1]].double(), w.double(), st0[s].double() if has[s] else None
-                )
+                ref.causal_conv1d_silu(x[cu[s] : cu[s + 1]].double(), w.double(), st0[s].double() if has[s] else None)
                 for s in range(len(clens))
             ]
             y_ref = torch.cat([o[0] for o in outs])
@@ -542,13 +530,8 @@ def section_correctness(run: Run, mamba) -> None:
                 st = st0.clone()
                 with poisoned_empty():
                     y = o.causal_conv1d_update(x[:3], st, w)
-                ur = [
-                    ref.causal_conv1d_silu(x[b : b + 1].double(), w.double(), st0[b].double())
-                    for b in range(3)
-                ]
-                err = max(
-                    rel(y, torch.cat([u[0] for u in ur])), rel(st, torch.stack([u[1] for u in ur]))
-                )
+                ur = [ref.causal_conv1d_silu(x[b : b + 1].double(), w.double(), st0[b].double()) for b in range(3)]
+                err = max(rel(y, torch.cat([u[0] for u in ur])), rel(st, torch.stack([u[1] for u in ur])))
                 check(run, "causal_conv1d_update", impl, dtype, err, model=name)
 
             D_ = m["D"]
@@ -576,9 +559,7 @@ def section_correctness(run: Run, mamba) -> None:
                     "head_rms_norm",
                     impl,
                     dtype,
-                    rel(
-                        yh, ref.rms_norm(qh.double(), torch.ones(Hq, HD, device=DEV).double(), 1e-6)
-                    ),
+                    rel(yh, ref.rms_norm(qh.double(), torch.ones(Hq, HD, device=DEV).double(), 1e-6)),
                     model=name,
                 )
                 half = D_ // 2
@@ -771,9 +752,7 @@ def section_ssu(run: Run, mamba) -> None:
                 args = mamba_inputs(Bsz, H, BF16)
                 state = torch.randn(Bsz, H, P, N, device=DEV).to(state_dtype)
                 s = state.element_size()
-                nbytes = (
-                    2 * Bsz * H * P * N * s + 3 * Bsz * H * P * 2 + 2 * Bsz * N * 2 + Bsz * H * 2
-                )
+                nbytes = 2 * Bsz * H * P * N * s + 3 * Bsz * H * P * 2 + 2 * Bsz * N * 2 + Bsz * H * 2
                 shape = dict(model=name, batch=Bsz, state_dtype=str(state_dtype))
                 ours = perf(
                     run,
@@ -946,9 +925,7 @@ def section_attention(run: Run) -> None:
                 "attention_decode",
                 shape,
                 "sdpa_window_slice",
-                lambda: F.scaled_dot_product_attention(
-                    q[:, :, None], ks, vs, scale=HD**-0.5, enable_gqa=Hq != Hkv
-                ),
+                lambda: F.scaled_dot_product_attention(q[:, :, None], ks, vs, scale=HD**-0.5, enable_gqa=Hq != Hkv),
                 nbytes,
                 graph=True,
             )
@@ -1043,9 +1020,7 @@ def print_summary(run: Run) -> None:
             if key not in worst or r["rel_err"] > worst[key]["rel_err"]:
                 worst[key] = r
     for (kernel, impl, dtype), r in sorted(worst.items()):
-        print(
-            f"check {kernel:22s} {impl:10s} {dtype:15s} max_rel_err={r['rel_err']:.2e} ok={r['ok']}"
-        )
+        print(f"check {kernel:22s} {impl:10s} {dtype:15s} max_rel_err={r['rel_err']:.2e} ok={r['ok']}")
     for r in run.records:
         if r.get("section") == "ratio":
             shape = {k: v for k, v in r.items() if k not in ("section", "kernel", "peer", "t")}

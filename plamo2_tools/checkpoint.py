@@ -77,7 +77,9 @@ class HFCheckpoint:
     def inventory_problems(self) -> list[str]:
         """Every missing, unexpected, misshapen or non-float tensor, one line each."""
         expected = self.config.hf_tensor_shapes()
-        problems = [f"missing tensor {name} {list(shape)}" for name, shape in expected.items() if name not in self.tensors]
+        problems = [
+            f"missing tensor {name} {list(shape)}" for name, shape in expected.items() if name not in self.tensors
+        ]
         for name, info in self.tensors.items():
             if name not in expected:
                 problems.append(f"unexpected tensor {name} {list(info.shape)}")

@@ -87,7 +87,13 @@ def byte_progress(description: str, total: int, enabled: bool = True) -> Iterato
     if not enabled:
         yield lambda n: None
         return
-    columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn())
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        TimeRemainingColumn(),
+    )
     with Progress(*columns, console=err, transient=False) as bar:
         task = bar.add_task(description, total=total)
         yield lambda n: bar.advance(task, n)
@@ -135,7 +141,9 @@ def synth(
     if as_json:
         print_json(result)
     else:
-        out.print(f"wrote {preset} ({cfg.num_parameters():,} parameters, {total / 1e9:.3f} GB {cfg.torch_dtype}) to {out_dir}")
+        out.print(
+            f"wrote {preset} ({cfg.num_parameters():,} parameters, {total / 1e9:.3f} GB {cfg.torch_dtype}) to {out_dir}"
+        )
 
 
 # ---- inspect -----------------------------------------------------------------------------------
@@ -159,10 +167,15 @@ def inspect(
         f"D={c['hidden_size']} L={c['num_hidden_layers']} Hq={c['num_attention_heads']} Hkv={c['num_key_value_heads']} "
         f"d={c['hidden_size_per_head']} Hm={c['mamba_num_heads']} N={c['mamba_d_state']} K={c['mamba_d_conv']} "
         f"F={c['intermediate_size']} V={c['vocab_size']} (padded {c['padded_vocab']}) I={c['mamba_inner']} "
-        f"R={c['dt_rank']} tied={c['tie_word_embeddings']} rope_theta={c['rope_theta']:g} window={c['attention_window_size']}",
+        f"R={c['dt_rank']} tied={c['tie_word_embeddings']} rope_theta={c['rope_theta']:g} "
+        f"window={c['attention_window_size']}",
         highlight=False,
     )
-    out.print("layers: " + " ".join("M" if x["kind"] == "mamba" else "A" for x in info["layers"]) + "  (M = Mamba, A = attention)")
+    out.print(
+        "layers: "
+        + " ".join("M" if x["kind"] == "mamba" else "A" for x in info["layers"])
+        + "  (M = Mamba, A = attention)"
+    )
     if info["kind"] == "hf":
         out.print(f"parameters: {info['parameters']:,} in {info['tensors']} tensors")
     else:
@@ -238,7 +251,9 @@ def convert(
     tp: Annotated[int, typer.Option(help="Tensor-parallel size.")] = 1,
     pp: Annotated[int, typer.Option(help="Pipeline-parallel size.")] = 1,
     dtype: Annotated[str, typer.Option(help="auto (keep), bfloat16, float16 or float32.")] = "auto",
-    pp_layers: Annotated[str | None, typer.Option(help="Layers per stage, e.g. 5,6,5 (like VLLM_PP_LAYER_PARTITION).")] = None,
+    pp_layers: Annotated[
+        str | None, typer.Option(help="Layers per stage, e.g. 5,6,5 (like VLLM_PP_LAYER_PARTITION).")
+    ] = None,
     max_part_size: Annotated[str, typer.Option(help="Largest file per rank, e.g. 5GiB, 500MB.")] = "5GiB",
     force: Annotated[bool, typer.Option(help="Replace a different completed conversion in OUT.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
@@ -265,7 +280,15 @@ def convert(
     for col in ("rank", "tp", "pp", "layers", "files", "tensors", "bytes"):
         table.add_column(col, justify="right" if col != "layers" else "left")
     for r in summary["ranks"]:
-        table.add_row(str(r["rank"]), str(r["tp_rank"]), str(r["pp_rank"]), r["layers"], str(r["files"]), str(r["tensors"]), f"{r['bytes']:,}")
+        table.add_row(
+            str(r["rank"]),
+            str(r["tp_rank"]),
+            str(r["pp_rank"]),
+            r["layers"],
+            str(r["files"]),
+            str(r["tensors"]),
+            f"{r['bytes']:,}",
+        )
     out.print(table)
     out.print(
         f"{summary['status']} in {summary['seconds']:.2f} s: {summary['bytes_written'] / 1e9:.3f} GB written"
@@ -285,7 +308,13 @@ class _LazyProgress:
     def start(self, plan: Any) -> None:
         if not self.enabled:
             return
-        columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn())
+        columns = (
+            TextColumn("{task.description}"),
+            BarColumn(),
+            DownloadColumn(),
+            TransferSpeedColumn(),
+            TimeRemainingColumn(),
+        )
         self.bar = Progress(*columns, console=err)
         self.bar.start()
         self.task = self.bar.add_task(self.description, total=plan.payload_bytes)
@@ -318,7 +347,8 @@ def _convert_summary(result: Any) -> dict[str, Any]:
         start, stop = m.stages[pp_rank]
         ranks.append({
             "rank": r, "tp_rank": tp_rank, "pp_rank": pp_rank, "layers": f"{start}-{stop - 1}",
-            "files": len(files), "tensors": sum(len(f.tensors) for f in files), "bytes": sum(f.layout.size for f in files),
+            "files": len(files), "tensors": sum(len(f.tensors) for f in files),
+            "bytes": sum(f.layout.size for f in files),
         })  # fmt: skip
     return {
         "status": result.status,
@@ -331,7 +361,6 @@ def _convert_summary(result: Any) -> dict[str, Any]:
         "files_reused": result.files_reused,
         "ranks": ranks,
     }
-
 
 
 # ---- merge -------------------------------------------------------------------------------------
@@ -430,7 +459,9 @@ def _print_verify(result: dict[str, Any], title: str) -> None:
 @handle_errors
 def demo(
     workdir: Annotated[Path, typer.Option(help="Where the checkpoint and shards go.")] = Path("runs/demo"),
-    preset: Annotated[str, typer.Option(help="Synthetic model preset (tiny, tiny-gqa, tiny-edge, plamo-2-1b, ...).")] = "tiny",
+    preset: Annotated[
+        str, typer.Option(help="Synthetic model preset (tiny, tiny-gqa, tiny-edge, plamo-2-1b, ...).")
+    ] = "tiny",
     layouts: Annotated[str, typer.Option(help="TPxPP layouts, comma-separated.")] = "1x1,2x1,2x2",
     launch: Annotated[bool, typer.Option(help="Run the runtime as real torchrun ranks (gloo on CPU).")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the verify result as JSON.")] = False,
@@ -461,16 +492,22 @@ def demo(
 def verify(
     shards: Annotated[list[Path], typer.Argument(help="One or more shard directories (layouts) to check.")],
     reference: Annotated[Path, typer.Option(help="The original HF checkpoint they were converted from.")],
-    prompts: Annotated[Path | None, typer.Option(help="Prompts: text (one per line) or JSON lines with input_ids/text.")] = None,
+    prompts: Annotated[
+        Path | None, typer.Option(help="Prompts: text (one per line) or JSON lines with input_ids/text.")
+    ] = None,
     random: Annotated[int, typer.Option(help="Without --prompts: this many random token prompts (8-64 tokens).")] = 4,
     seed: Annotated[int, typer.Option(help="Seed of the random prompts.")] = 0,
     max_new_tokens: Annotated[int, typer.Option(help="Greedy tokens compared after each prompt.")] = 32,
-    launch: Annotated[bool, typer.Option(help="Run the runtime as real torchrun ranks (gloo on CPU, NCCL on GPU).")] = False,
+    launch: Annotated[
+        bool, typer.Option(help="Run the runtime as real torchrun ranks (gloo on CPU, NCCL on GPU).")
+    ] = False,
     device: Annotated[str, typer.Option(help="Runtime device: cpu or cuda.")] = "cpu",
     backend: Annotated[str, typer.Option(help="Kernels: auto (Triton on CUDA), torch or triton.")] = "auto",
     precision: Annotated[str, typer.Option(help="Reference forward precision: float64 or float32.")] = "float64",
     reference_device: Annotated[str, typer.Option(help="Where the reference forward runs: cpu or cuda.")] = "cpu",
-    prefill_chunk: Annotated[int | None, typer.Option(help="Prefill at most this many tokens per sequence per step.")] = None,
+    prefill_chunk: Annotated[
+        int | None, typer.Option(help="Prefill at most this many tokens per sequence per step.")
+    ] = None,
     output: Annotated[Path | None, typer.Option(help="Also write the JSON result to this file.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
@@ -487,7 +524,10 @@ def verify(
         from .config import Plamo2Config
 
         cfg = Plamo2Config.from_file(reference)
-        prompt_ids, source = random_prompts(random, cfg.vocab_size, seed, cfg.bos_token_id), f"random(n={random}, seed={seed})"
+        prompt_ids, source = (
+            random_prompts(random, cfg.vocab_size, seed, cfg.bos_token_id),
+            f"random(n={random}, seed={seed})",
+        )
     with err.status(f"verifying {len(shards)} layout(s) on {len(prompt_ids)} prompts ..."):
         result = run(
             shards, reference, prompt_ids, source, max_new_tokens, launch, device, backend, precision, prefill_chunk,
@@ -514,8 +554,12 @@ def generate(
     seed: Annotated[int, typer.Option(help="Sampling seed (the same on every rank).")] = 0,
     device: Annotated[str, typer.Option(help="cpu or cuda.")] = "cpu",
     backend: Annotated[str, typer.Option(help="Kernels: auto, torch or triton.")] = "auto",
-    trust_remote_code: Annotated[bool, typer.Option(help="Allow the checkpoint's own tokenizer code (the real PLaMo 2 tokenizer).")] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON instead of streaming text.")] = False,
+    trust_remote_code: Annotated[
+        bool, typer.Option(help="Allow the checkpoint's own tokenizer code (the real PLaMo 2 tokenizer).")
+    ] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print the result as JSON instead of streaming text.")
+    ] = False,
 ) -> None:
     """Continue a prompt with the runtime, streaming text as it is generated.
 
@@ -543,17 +587,29 @@ def generate(
                 printed = text
 
         start = time.perf_counter()
-        gen = rt.generate([ids], max_new_tokens, eos_token_ids=sorted(eos), temperature=temperature, top_p=top_p, seed=seed, on_token=stream)
+        gen = rt.generate(
+            [ids],
+            max_new_tokens,
+            eos_token_ids=sorted(eos),
+            temperature=temperature,
+            top_p=top_p,
+            seed=seed,
+            on_token=stream,
+        )
         seconds = time.perf_counter() - start
         text = tok.decode(gen.tokens[0], skip_special_tokens=False)
         if not rt.is_main:
             return
         if as_json:
-            print_json({"prompt": prompt, "prompt_tokens": len(ids), "tokens": gen.tokens[0], "text": text, "seconds": seconds})
+            print_json(
+                {"prompt": prompt, "prompt_tokens": len(ids), "tokens": gen.tokens[0], "text": text, "seconds": seconds}
+            )
         else:
             sys.stdout.write(text[len(printed) :] + "\n")
-            err.print(f"{len(gen.tokens[0])} tokens in {seconds:.2f} s ({len(gen.tokens[0]) / max(seconds, 1e-9):.1f} tokens/s)")
-
+            err.print(
+                f"{len(gen.tokens[0])} tokens in {seconds:.2f} s "
+                f"({len(gen.tokens[0]) / max(seconds, 1e-9):.1f} tokens/s)"
+            )
 
 
 # ---- eval --------------------------------------------------------------------------------------
@@ -678,6 +734,7 @@ def report(
     skipped = f", skipped {len(result.skipped)} unrecognised or duplicate file(s)" if result.skipped else ""
     out.print(f"wrote {out_file} and {len(result.plots)} plot(s) from {len(result.docs)} file(s){skipped}",
               highlight=False, markup=False)  # fmt: skip
+
 
 if __name__ == "__main__":  # pragma: no cover
     app()

@@ -110,7 +110,7 @@ class Plamo2Config:
         L, step = self.num_hidden_layers, self.mamba_step
         if not self.mamba_enabled:
             return (False,) * L
-        if L <= step // 2:
+        if step // 2 >= L:
             # Too few layers for the pattern: all Mamba except the last, which is attention.
             return tuple(i != L - 1 for i in range(L))
         return tuple(i % step != step // 2 for i in range(L))

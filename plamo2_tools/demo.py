@@ -34,8 +34,14 @@ def run_demo(
         out = workdir / f"{preset}-tp{tp}-pp{pp}"
         result = convert(src, out, tp=tp, pp=pp, force=True)
         check = check_shards(out)
-        log(f"2. convert tp={tp} pp={pp}: {result.status}, {len(result.plan.files)} file(s); check: {'ok' if check.ok else check.checks}")
+        log(
+            f"2. convert tp={tp} pp={pp}: {result.status}, {len(result.plan.files)} file(s); "
+            f"check: {'ok' if check.ok else check.checks}"
+        )
         shard_dirs.append(out)
     prompts = random_prompts(4, cfg.vocab_size, seed=0, bos=cfg.bos_token_id)
-    log(f"3. verify {len(shard_dirs)} layout(s) against the reference forward ({len(prompts)} prompts, {max_new_tokens} greedy steps)")
+    log(
+        f"3. verify {len(shard_dirs)} layout(s) against the reference forward "
+        f"({len(prompts)} prompts, {max_new_tokens} greedy steps)"
+    )
     return verify(shard_dirs, src, prompts, "random(n=4, seed=0)", max_new_tokens, launch=launch, backend="auto")

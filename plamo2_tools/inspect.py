@@ -43,7 +43,12 @@ def config_summary(cfg: Plamo2Config) -> dict[str, Any]:
 
 def split_table(cfg: Plamo2Config) -> dict[str, list[dict[str, Any]]]:
     tp_rows = [
-        {"tp": t, "ok": not tp_problems(cfg, t), "reasons": tp_problems(cfg, t), "notes": [] if tp_problems(cfg, t) else tp_notes(cfg, t)}
+        {
+            "tp": t,
+            "ok": not tp_problems(cfg, t),
+            "reasons": tp_problems(cfg, t),
+            "notes": [] if tp_problems(cfg, t) else tp_notes(cfg, t),
+        }
         for t in TP_CANDIDATES
     ]
     L = cfg.num_hidden_layers

@@ -51,9 +51,7 @@ def mamba_mixer(a: torch.Tensor, w: dict[str, torch.Tensor], cfg: Plamo2Config) 
     return y.reshape(T, Hm * d) @ w["out_proj.weight"].T
 
 
-def attention_mixer(
-    a: torch.Tensor, w: dict[str, torch.Tensor], cfg: Plamo2Config, layer: int
-) -> torch.Tensor:
+def attention_mixer(a: torch.Tensor, w: dict[str, torch.Tensor], cfg: Plamo2Config, layer: int) -> torch.Tensor:
     T = a.shape[0]
     Hq, Hkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.hidden_size_per_head
     qkv = a @ w["qkv_proj.weight"].T
@@ -68,9 +66,7 @@ def attention_mixer(
     return o.reshape(T, Hq * d) @ w["o_proj.weight"].T
 
 
-def decoder_layer(
-    h: torch.Tensor, w: dict[str, torch.Tensor], cfg: Plamo2Config, layer: int
-) -> torch.Tensor:
+def decoder_layer(h: torch.Tensor, w: dict[str, torch.Tensor], cfg: Plamo2Config, layer: int) -> torch.Tensor:
     eps = cfg.rms_norm_eps
 
     def norm(x: torch.Tensor, name: str) -> torch.Tensor:

@@ -126,9 +126,7 @@ def read_header(path: str | Path) -> SafetensorsFile:
         cursor += info.nbytes
     if cursor != size:
         what = "truncated" if cursor > size else "corrupt"
-        raise CheckpointError(
-            f"{path}: {what}: tensors need {cursor} bytes but the file has {size}"
-        )
+        raise CheckpointError(f"{path}: {what}: tensors need {cursor} bytes but the file has {size}")
     return SafetensorsFile(path, tensors, metadata, data_start, size)
 
 

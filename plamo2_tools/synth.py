@@ -143,9 +143,7 @@ def write_checkpoint(
     files = max(1, min(files, len(names)))
     groups = [names[i * len(names) // files : (i + 1) * len(names) // files] for i in range(files)]
     file_names = (
-        ["model.safetensors"]
-        if files == 1
-        else [f"model-{i + 1:05d}-of-{files:05d}.safetensors" for i in range(files)]
+        ["model.safetensors"] if files == 1 else [f"model-{i + 1:05d}-of-{files:05d}.safetensors" for i in range(files)]
     )
     weight_map = {}
     for fname, group in zip(file_names, groups, strict=True):
@@ -228,8 +226,8 @@ def write_tokenizer(out: Path, vocab_size: int) -> None:
 def _byte_of(symbol: str) -> int:
     """The byte a ByteLevel alphabet symbol stands for (GPT-2's bytes_to_unicode inverse)."""
     cp = ord(symbol)
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(
-        range(ord("®"), ord("ÿ") + 1)
+    printable = (
+        list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
     )
     if cp in printable:
         return cp

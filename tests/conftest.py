@@ -4,9 +4,12 @@
 """
 
 import os
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import torch
+from typer.testing import CliRunner, Result
 
 if not torch.cuda.is_available():  # must happen before anything imports triton
     os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -19,3 +22,28 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+Cli = Callable[..., Result]
+
+
+@pytest.fixture(scope="session")
+def cli() -> Cli:
+    """Run `plamo2-tools ARGS` in-process; stdout and stderr are kept apart, and an uncaught
+    exception (a traceback a user would see) fails the test whatever the exit code."""
+    from plamo2_tools.cli import app
+
+    runner = CliRunner()
+
+    def run(*args: str | Path, expect: int | None = 0) -> Result:
+        result = runner.invoke(app, [str(a) for a in args])
+        crashed = result.exception is not None and not isinstance(result.exception, SystemExit)
+        if crashed or (expect is not None and result.exit_code != expect):
+            raise AssertionError(
+                f"plamo2-tools {' '.join(map(str, args))}: exit {result.exit_code}, expected {expect}"
+                f"{' (uncaught exception)' if crashed else ''}\n"
+                f"stdout: {result.stdout}\nstderr: {result.stderr}\nexception: {result.exception!r}"
+            )
+        return result
+
+    return run

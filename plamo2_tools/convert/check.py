@@ -121,7 +121,7 @@ def _check_headers(m: Manifest) -> list[str]:
                     "tp_size": str(m.mapping.tp), "pp_size": str(m.mapping.pp)}  # fmt: skip
             bad = {k: meta.get(k) for k, v in want.items() if meta.get(k) != v}
             if bad:
-                problems.append(f"{fname}: metadata {bad} should be {({k: want[k] for k in bad})}")
+                problems.append(f"{fname}: metadata {bad} should be { ({k: want[k] for k in bad}) }")
             for key, info in header.tensors.items():
                 if key in found:
                     problems.append(f"rank {rank}: {key} appears in {found[key][0]} and {fname}")

@@ -100,16 +100,16 @@ def _prepare_output(out: Path, plan: Plan, force: bool) -> dict[str, dict[str, A
         if old == plan.fingerprint and not force:
             return {"__complete__": {}}
         if not force:
-            raise OutputExistsError(
-                f"{out} holds a different completed conversion; use --force to replace it"
-            )
+            raise OutputExistsError(f"{out} holds a different completed conversion; use --force to replace it")
         _clear_outputs(out)
     records = journal.read(plan.fingerprint)
     if records is None:
         ours = (out / JOURNAL_NAME).exists()
         others = [p for p in out.iterdir() if not p.name.startswith(".")]
         if others and not ours and not force:
-            raise OutputExistsError(f"{out} is not empty and is not a plamo2-tools output; use --force to write into it")
+            raise OutputExistsError(
+                f"{out} is not empty and is not a plamo2-tools output; use --force to write into it"
+            )
         if ours:
             log.info("discarding an unfinished conversion with different inputs or options")
         _clear_outputs(out)
@@ -238,7 +238,10 @@ def _input_digests(files: list[Path]) -> dict[str, dict[str, Any]]:
         digest = sha256_file(p)[0]
         blob = p.resolve().name
         if re.fullmatch(r"[0-9a-f]{64}", blob) and blob != digest:
-            raise CheckpointError(f"{p}: content sha256 {digest[:12]}... differs from its Hugging Face cache blob name {blob[:12]}... (damaged download?)")
+            raise CheckpointError(
+                f"{p}: content sha256 {digest[:12]}... differs from its Hugging Face cache blob name "
+                f"{blob[:12]}... (damaged download?)"
+            )
         digests[p.name] = {"size": p.stat().st_size, "sha256": digest}
     return digests
 
@@ -417,7 +420,12 @@ def _manifest(
         "copied_files": copied,
         "tensors": tensors,
         "files": {
-            f.name: {"size": finished[f.name]["size"], "sha256": finished[f.name]["sha256"], "rank": f.rank, "part": f.part}
+            f.name: {
+                "size": finished[f.name]["size"],
+                "sha256": finished[f.name]["sha256"],
+                "rank": f.rank,
+                "part": f.part,
+            }
             for f in plan.files
         },
     }

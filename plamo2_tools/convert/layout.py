@@ -216,7 +216,14 @@ def rank_tensors(
     first, last = stage == 0, stage == mapping.pp - 1
     out: list[OutputTensor] = []
 
-    def emit(key: str, source: str, shape: tuple[int, ...], pieces: tuple[Piece, ...], *transforms: Transform, dtype: torch.dtype | None = None) -> None:  # noqa: E501
+    def emit(
+        key: str,
+        source: str,
+        shape: tuple[int, ...],
+        pieces: tuple[Piece, ...],
+        *transforms: Transform,
+        dtype: torch.dtype | None = None,
+    ) -> None:  # noqa: E501
         dtype = dtype or out_dtype or source_dtypes[source]
         chain = list(transforms)
         if dtype != source_dtypes[source] and not any(t.name == "neg_exp_f32" for t in chain):
@@ -249,22 +256,39 @@ def rank_tensors(
             emit(m + "in_proj.weight", m + "in_proj.weight", (2 * I // tp, D),
                  in_proj_pieces(m + "in_proj.weight", cfg, tp, r), Transform("regroup_in_proj"))  # fmt: skip
             emit(m + "conv1d.weight", m + "conv1d.weight", (I // tp, 1, K), split_rows(m + "conv1d.weight", I, tp, r))
-            emit(m + "bcdt_proj.weight", m + "bcdt_proj.weight", (R + 2 * N, I // tp), split_cols(m + "bcdt_proj.weight", I, tp, r))
+            emit(
+                m + "bcdt_proj.weight",
+                m + "bcdt_proj.weight",
+                (R + 2 * N, I // tp),
+                split_cols(m + "bcdt_proj.weight", I, tp, r),
+            )
             emit(m + "dt_proj.weight", m + "dt_proj.weight", (Hm // tp, R), split_rows(m + "dt_proj.weight", Hm, tp, r))
             emit(m + "A", m + "A_log", (Hm // tp,), split_rows(m + "A_log", Hm, tp, r),
                  Transform("neg_exp_f32"), dtype=torch.float32)  # fmt: skip
             emit(m + "D", m + "D", (Hm // tp,), split_rows(m + "D", Hm, tp, r))
             emit(m + "dt_bias", m + "dt_bias", (Hm // tp,), split_rows(m + "dt_bias", Hm, tp, r))
             for norm, n in (("dt", R), ("B", N), ("C", N)):
-                emit(m + f"{norm}_norm.weight", m + f"{norm}_norm_weight", (n,), replicated(m + f"{norm}_norm_weight", (n,)))
-            emit(m + "out_proj.weight", m + "out_proj.weight", (D, I // tp), split_cols(m + "out_proj.weight", I, tp, r))
+                emit(
+                    m + f"{norm}_norm.weight",
+                    m + f"{norm}_norm_weight",
+                    (n,),
+                    replicated(m + f"{norm}_norm_weight", (n,)),
+                )
+            emit(
+                m + "out_proj.weight", m + "out_proj.weight", (D, I // tp), split_cols(m + "out_proj.weight", I, tp, r)
+            )
         else:
             kv = kv_heads_of_rank(cfg, tp, r)
             emit(m + "qkv_proj.weight", m + "qkv_proj.weight", ((Hq // tp + 2 * len(kv)) * d, D),
                  qkv_pieces(m + "qkv_proj.weight", cfg, tp, r))  # fmt: skip
             emit(m + "q_norm.weight", m + "q_weight", (Hq // tp, d), split_rows(m + "q_weight", Hq, tp, r))
             emit(m + "k_norm.weight", m + "k_weight", (len(kv), d), (_rows(m + "k_weight", kv.start, len(kv)),))
-            emit(m + "o_proj.weight", m + "o_proj.weight", (D, Hq * d // tp), split_cols(m + "o_proj.weight", Hq * d, tp, r))
+            emit(
+                m + "o_proj.weight",
+                m + "o_proj.weight",
+                (D, Hq * d // tp),
+                split_cols(m + "o_proj.weight", Hq * d, tp, r),
+            )
     if last:
         emit("model.norm.weight", "model.norm.weight", (D,), replicated("model.norm.weight", (D,)),
              Transform("add_offset", FINAL_NORM_OFFSET))  # fmt: skip

@@ -117,7 +117,9 @@ class ShardSource:
         for name, rec in self.manifest.source_tensors.items():
             dtype = parse_dtype(rec["dtype"])
             shard_dtypes = {
-                e.tensor.dtype for _, e, _ in self._pieces.get(name, []) if not any(t.name == "neg_exp_f32" for t in e.tensor.transforms)
+                e.tensor.dtype
+                for _, e, _ in self._pieces.get(name, [])
+                if not any(t.name == "neg_exp_f32" for t in e.tensor.transforms)
             }
             # Precision cannot come back: a tensor cast on the way in stays in the cast dtype.
             if len(shard_dtypes) == 1:

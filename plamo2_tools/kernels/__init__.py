@@ -21,9 +21,7 @@ Tensor = torch.Tensor
 class Ops(Protocol):
     """What the runtime calls.  Both ``torch_ops`` and ``triton_ops`` modules satisfy it."""
 
-    def rms_norm(
-        self, x: Tensor, weight: Tensor, eps: float, residual: Tensor | None = None
-    ) -> tuple[Tensor, Tensor]:
+    def rms_norm(self, x: Tensor, weight: Tensor, eps: float, residual: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """(M, D) row norm; with ``residual``, r = x + residual first.  Returns (y, r)."""
         ...
 

@@ -66,9 +66,7 @@ def _decode_split_kernel(
 
 
 @triton.jit
-def _decode_merge_kernel(
-    o_ptr, ml_ptr, out_ptr, n_splits, HEAD_D: tl.constexpr, BLOCK_SPLITS: tl.constexpr
-):
+def _decode_merge_kernel(o_ptr, ml_ptr, out_ptr, n_splits, HEAD_D: tl.constexpr, BLOCK_SPLITS: tl.constexpr):
     bh = tl.program_id(0).to(tl.int64)  # = b * Hq + h, also the row of the (B, Hq, d) output
     sp = tl.arange(0, BLOCK_SPLITS)
     ok = sp < n_splits

@@ -38,9 +38,7 @@ def _conv_kernel(
         if HAS_STATE:  # before the sequence start: its history slot (K-1) + (src - start)
             h_off = seq * ss_seq + ((K - 1) + src - start) * ss_k
             hist_mask = (t_ok & ~in_seq & use_state)[:, None] & c_ok[None, :]
-            hist = tl.load(
-                state_ptr + h_off[:, None] + c[None, :] * ss_c, mask=hist_mask, other=0.0
-            )
+            hist = tl.load(state_ptr + h_off[:, None] + c[None, :] * ss_c, mask=hist_mask, other=0.0)
             v += hist.to(tl.float32)
         w = tl.load(w_ptr + c * K + k, mask=c_ok, other=0.0).to(tl.float32)
         acc += v * w[None, :]
@@ -87,9 +85,7 @@ def causal_conv1d(
     cu = cu_seqlens.to(device=x.device, dtype=torch.int32)
     S = cu.numel() - 1
     # Per-token sequence id without a host sync (keeps prefill capturable).
-    seq = torch.searchsorted(
-        cu[1:], torch.arange(T, device=x.device, dtype=torch.int32), right=True
-    )
+    seq = torch.searchsorted(cu[1:], torch.arange(T, device=x.device, dtype=torch.int32), right=True)
     seq = seq.to(torch.int32)
     if has_initial_state is None or conv_state is None:
         has_init = torch.zeros(S, device=x.device, dtype=torch.int32)
@@ -124,9 +120,7 @@ def _conv_update_kernel(
     x = tl.load(x_ptr + b * sx + c, mask=c_ok, other=0.0)
     base = state_ptr + b * ss_b + c[:, None] * ss_c
     hist = tl.load(base + j[None, :] * ss_k, mask=c_ok[:, None] & hist_ok[None, :], other=0.0)
-    w = tl.load(
-        w_ptr + c[:, None] * K + j[None, :], mask=c_ok[:, None] & hist_ok[None, :], other=0.0
-    )
+    w = tl.load(w_ptr + c[:, None] * K + j[None, :], mask=c_ok[:, None] & hist_ok[None, :], other=0.0)
     w_last = tl.load(w_ptr + c * K + K - 1, mask=c_ok, other=0.0).to(tl.float32)
     acc = tl.sum(hist.to(tl.float32) * w.to(tl.float32), axis=1) + x.to(tl.float32) * w_last
     tl.store(y_ptr + b * Cch + c, silu(acc).to(y_ptr.dtype.element_ty), mask=c_ok)
@@ -138,9 +132,7 @@ def _conv_update_kernel(
              mask=c_ok[:, None] & hist_ok[None, :])  # fmt: skip
 
 
-def causal_conv1d_update(
-    x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor
-) -> torch.Tensor:
+def causal_conv1d_update(x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     if x.stride(-1) != 1:
         x = x.contiguous()
     Bsz, Cch = x.shape

@@ -408,9 +408,7 @@ def _launch_sequential(w: _Scan, block_q: int | None = None, warps: int = 4, sta
     )  # fmt: skip
 
 
-def _launch_chunk_states(
-    w: _Scan, block_p: int = 64, block_k: int = 64, warps: int = 4, stages: int = 3
-) -> None:
+def _launch_chunk_states(w: _Scan, block_p: int = 64, block_k: int = 64, warps: int = 4, stages: int = 3) -> None:
     T, S, H, P, N = w.dims
     assert w.local is not None
     if _INTERPRET:

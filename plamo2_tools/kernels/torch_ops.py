@@ -22,9 +22,7 @@ def _rms(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     return xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * weight.float()
 
 
-def rms_norm(
-    x: Tensor, weight: Tensor, eps: float, residual: Tensor | None = None
-) -> tuple[Tensor, Tensor]:
+def rms_norm(x: Tensor, weight: Tensor, eps: float, residual: Tensor | None = None) -> tuple[Tensor, Tensor]:
     # The norm reads the rounded residual so that y is a function of the returned stream.
     r = x if residual is None else (x.float() + residual.float()).to(residual.dtype)
     return _rms(r, weight, eps).to(x.dtype), r
@@ -144,9 +142,7 @@ def ssd_chunk_scan(
     for s in range(S):
         t0, t1 = cu[s], cu[s + 1]
         h0 = initial_state[s].float() if initial_state is not None else final.new_zeros(H, P, N)
-        y[t0:t1], final[s] = _ssd_sequence(
-            xf[t0:t1], delta[t0:t1], Af, Bf[t0:t1], Cf[t0:t1], h0, chunk_size
-        )
+        y[t0:t1], final[s] = _ssd_sequence(xf[t0:t1], delta[t0:t1], Af, Bf[t0:t1], Cf[t0:t1], h0, chunk_size)
     y += D.float()[:, None] * xf
     if z is not None:
         y *= F.silu(z.float())

@@ -38,7 +38,9 @@ class Generation:
 class RankEngine:
     """One rank's model and the driver loop around it."""
 
-    def __init__(self, manifest: Manifest, comm: Comm, device: torch.device, backend: str, prefill_chunk: int | None) -> None:
+    def __init__(
+        self, manifest: Manifest, comm: Comm, device: torch.device, backend: str, prefill_chunk: int | None
+    ) -> None:
         info = comm.info
         self.cfg: Plamo2Config = manifest.config
         self.comm, self.device, self.prefill_chunk = comm, device, prefill_chunk
@@ -54,7 +56,9 @@ class RankEngine:
         dev = self.device
         lens = [len(c) for c in chunks]
         ids = torch.tensor([t for c in chunks for t in c], dtype=torch.long, device=dev)
-        positions = torch.tensor([s + j for s, n in zip(starts, lens, strict=True) for j in range(n)], dtype=torch.long, device=dev)
+        positions = torch.tensor(
+            [s + j for s, n in zip(starts, lens, strict=True) for j in range(n)], dtype=torch.long, device=dev
+        )
         seq_index = torch.repeat_interleave(torch.arange(len(chunks), device=dev), torch.tensor(lens, device=dev))
         cu = torch.zeros(len(chunks) + 1, dtype=torch.int32, device=dev)
         cu[1:] = torch.tensor(lens, device=dev).cumsum(0)
@@ -70,7 +74,9 @@ class RankEngine:
         )
 
     def _states(self, batch: int, capacity: int) -> dict[int, LayerState]:
-        return new_states(self.cfg, self.layers, self.comm.info.tp, self.kv_heads, batch, capacity, self.model.dtype, self.device)
+        return new_states(
+            self.cfg, self.layers, self.comm.info.tp, self.kv_heads, batch, capacity, self.model.dtype, self.device
+        )
 
     def _prefill(self, seqs: Sequence[Sequence[int]], states: dict[int, LayerState], all_logits: bool) -> Tensor | None:
         """Run the prompts in chunks of at most `prefill_chunk` tokens per sequence.
@@ -100,7 +106,11 @@ class RankEngine:
                 for i, st in states.items():
                     st.update(index, sub[i])
             if logits is not None:
-                owners = [active[j] for j, c in enumerate(chunks) for _ in c] if all_logits else [a for a, e in zip(active, ends, strict=True) if e]
+                owners = (
+                    [active[j] for j, c in enumerate(chunks) for _ in c]
+                    if all_logits
+                    else [a for a, e in zip(active, ends, strict=True) if e]
+                )
                 pieces.append((owners, logits))
         if not self.comm.info.is_last_stage:
             return None
@@ -125,7 +135,9 @@ class RankEngine:
     def prompt_logits(self, seqs: Sequence[Sequence[int]]) -> list[Tensor]:
         """float32 logits (T_i, V) of every position of every sequence, on the CPU."""
         states = self._states(len(seqs), max(len(s) for s in seqs))
-        logits = self._share(self._prefill(seqs, states, all_logits=True), (sum(map(len, seqs)), self.cfg.vocab_size), torch.float32)
+        logits = self._share(
+            self._prefill(seqs, states, all_logits=True), (sum(map(len, seqs)), self.cfg.vocab_size), torch.float32
+        )
         return [t.cpu() for t in logits.split([len(s) for s in seqs])]
 
     @torch.no_grad()
@@ -246,7 +258,10 @@ class Runtime:
 
             rank, world, local_device = init_distributed(device)
             if world != mapping.world_size:
-                raise UserError(f"{shards} has {mapping.world_size} ranks (tp={mapping.tp} pp={mapping.pp}) but torchrun started {world}")
+                raise UserError(
+                    f"{shards} has {mapping.world_size} ranks (tp={mapping.tp} pp={mapping.pp}) "
+                    f"but torchrun started {world}"
+                )
             self.rank = rank
             comm = DistComm(RankInfo(rank, mapping.tp, mapping.pp))
             self.engines = [RankEngine(self.manifest, comm, local_device, backend, prefill_chunk)]
@@ -258,7 +273,8 @@ class Runtime:
                 # Every rank thread would otherwise use the whole intra-op pool: oversubscription.
                 torch.set_num_threads(max(1, (os.cpu_count() or 1) // mapping.world_size))
             self.engines = [
-                RankEngine(self.manifest, LocalComm(self.world, r), dev, backend, prefill_chunk) for r in range(mapping.world_size)
+                RankEngine(self.manifest, LocalComm(self.world, r), dev, backend, prefill_chunk)
+                for r in range(mapping.world_size)
             ]
 
     @property

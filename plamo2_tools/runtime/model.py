@@ -48,7 +48,7 @@ def load_rank_weights(manifest: Manifest, rank: int, device: torch.device) -> di
         if not path.is_file():
             raise CheckpointError(f"{path}: missing (listed in the manifest for rank {rank})")
         with safe_open(str(path), framework="pt", device=str(device)) as f:
-            for key in f.keys():
+            for key in f.keys():  # noqa: SIM118 - a safe_open handle, not a dict
                 weights[key] = f.get_tensor(key)
     expected = set(manifest.entries[rank])
     if set(weights) != expected:
@@ -138,8 +138,12 @@ class DecoderLayer:
         self.cfg, self.index, self.ops, self.comm = cfg, index, ops, comm
         self.is_mamba = cfg.layer_is_mamba[index]
         mixer = {k.removeprefix("mixer."): v for k, v in w.items() if k.startswith("mixer.")}
-        self.mixer = MambaMixer(cfg, mixer, tp, ops, comm) if self.is_mamba else AttentionMixer(cfg, mixer, tp, index, ops, comm)
-        self.norms = {n: w[f"{n}.weight"] for n in ("pre_mixer_norm", "post_mixer_norm", "pre_mlp_norm", "post_mlp_norm")}
+        self.mixer = (
+            MambaMixer(cfg, mixer, tp, ops, comm) if self.is_mamba else AttentionMixer(cfg, mixer, tp, index, ops, comm)
+        )
+        self.norms = {
+            n: w[f"{n}.weight"] for n in ("pre_mixer_norm", "post_mixer_norm", "pre_mlp_norm", "post_mlp_norm")
+        }
         self.gate_up, self.down = w["mlp.gate_up_proj.weight"], w["mlp.down_proj.weight"]
 
     def __call__(
@@ -157,7 +161,9 @@ class DecoderLayer:
 class RankModel:
     """The layers, embedding and head one global rank holds."""
 
-    def __init__(self, cfg: Plamo2Config, stage: tuple[int, int], weights: dict[str, Tensor], ops: Ops, comm: Comm) -> None:
+    def __init__(
+        self, cfg: Plamo2Config, stage: tuple[int, int], weights: dict[str, Tensor], ops: Ops, comm: Comm
+    ) -> None:
         self.cfg, self.ops, self.comm = cfg, ops, comm
         info = comm.info
         self.layers = []
@@ -166,7 +172,9 @@ class RankModel:
             w = {k.removeprefix(prefix): v for k, v in weights.items() if k.startswith(prefix)}
             self.layers.append(DecoderLayer(cfg, i, w, info.tp, ops, comm))
         # PP = 1 with tied embeddings stores only lm_head.weight (vLLM's state_dict dedup).
-        self.embed = weights.get("model.embed_tokens.weight", weights.get("lm_head.weight")) if info.is_first_stage else None
+        self.embed = (
+            weights.get("model.embed_tokens.weight", weights.get("lm_head.weight")) if info.is_first_stage else None
+        )
         self.final_norm = weights.get("model.norm.weight")
         self.lm_head = weights.get("lm_head.weight")
         self.vocab_rows = cfg.padded_vocab // info.tp

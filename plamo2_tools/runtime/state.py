@@ -55,5 +55,7 @@ def new_states(
             )
         else:
             shape = (batch, capacity, kv_heads, d)
-            states[i] = LayerState(k=torch.zeros(shape, dtype=dtype, device=device), v=torch.zeros(shape, dtype=dtype, device=device))
+            states[i] = LayerState(
+                k=torch.zeros(shape, dtype=dtype, device=device), v=torch.zeros(shape, dtype=dtype, device=device)
+            )
     return states

@@ -46,7 +46,9 @@ class ReferenceOutputs:
     step_logits: list[torch.Tensor]  # (K, V) per prompt
 
 
-def random_prompts(count: int, vocab: int, seed: int, bos: int | None = 1, lengths: tuple[int, int] = (8, 64)) -> list[list[int]]:
+def random_prompts(
+    count: int, vocab: int, seed: int, bos: int | None = 1, lengths: tuple[int, int] = (8, 64)
+) -> list[list[int]]:
     g = torch.Generator().manual_seed(seed)
     prompts = []
     for _ in range(count):
@@ -139,7 +141,9 @@ def compare(ref: ReferenceOutputs, rt: dict[str, Any]) -> dict[str, Any]:
     total = sum(len(t) for t in ref.tokens)
     ref_arg, rt_arg = ref_all.argmax(-1), rt_all.argmax(-1)
     # vLLM's membership rule applied to every prompt position: each argmax in the other's top-k.
-    crossed = (ref_all.topk(TOP_K).indices == rt_arg[:, None]).any(-1) & (rt_all.topk(TOP_K).indices == ref_arg[:, None]).any(-1)
+    crossed = (ref_all.topk(TOP_K).indices == rt_arg[:, None]).any(-1) & (
+        rt_all.topk(TOP_K).indices == ref_arg[:, None]
+    ).any(-1)
     return {
         "max_abs_logit_diff": float(diff.max()),
         "max_rel_err": float(diff.max() / ref_all.abs().max()),
@@ -161,7 +165,9 @@ def judge(metrics: dict[str, Any], thresholds: dict[str, float]) -> list[str]:
         if (value < bound) if higher_is_better else (value >= bound):
             failures.append(f"{key} = {value:.3g} ({'needs >=' if higher_is_better else 'needs <'} {bound:g})")
     if not metrics["logprobs_close"]:
-        failures.append("check_logprobs_close failed: " + "; ".join(d for d in metrics["logprobs_close_detail"] if "not in" in d))
+        failures.append(
+            "check_logprobs_close failed: " + "; ".join(d for d in metrics["logprobs_close_detail"] if "not in" in d)
+        )
     return failures
 
 
@@ -175,14 +181,22 @@ def shard_dtype(shards: Path) -> str:
 
 
 def runtime_outputs_for(
-    shards: Path, prompts: list[list[int]], max_new_tokens: int, launch: bool, device: str, backend: str, prefill_chunk: int | None
+    shards: Path,
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    launch: bool,
+    device: str,
+    backend: str,
+    prefill_chunk: int | None,
 ) -> dict[str, Any]:
     if launch:
         from .launch import launch as run_launch
 
         world = load_manifest(shards).mapping.world_size
         runtime = {"shards": str(shards), "device": device, "backend": backend, "prefill_chunk": prefill_chunk}
-        return run_launch("runtime_outputs", {"runtime": runtime, "prompts": prompts, "max_new_tokens": max_new_tokens}, world)
+        return run_launch(
+            "runtime_outputs", {"runtime": runtime, "prompts": prompts, "max_new_tokens": max_new_tokens}, world
+        )
     from .jobs import runtime_outputs
 
     with Runtime(shards, device=device, backend=backend, prefill_chunk=prefill_chunk, mode="local") as rt:

@@ -11,33 +11,13 @@ from pathlib import Path
 import pytest
 import torch
 from convert_expect import Watermark
-from typer.testing import CliRunner, Result
+from typer.testing import Result
 
-from plamo2_tools.cli import app
 from plamo2_tools.config import Plamo2Config
 from plamo2_tools.synth import preset_config, random_tensor, write_checkpoint
 
 Cli = Callable[..., Result]
 MakeCheckpoint = Callable[..., Path]
-
-
-@pytest.fixture(scope="session")
-def cli() -> Cli:
-    """Run `plamo2-tools ARGS` in-process; stdout and stderr are kept apart."""
-    runner = CliRunner()
-
-    def run(*args: str | Path, expect: int | None = 0) -> Result:
-        result = runner.invoke(app, [str(a) for a in args])
-        crashed = result.exception is not None and not isinstance(result.exception, SystemExit)
-        if crashed or (expect is not None and result.exit_code != expect):
-            raise AssertionError(
-                f"plamo2-tools {' '.join(map(str, args))}: exit {result.exit_code}, expected {expect}"
-                f"{' (uncaught exception)' if crashed else ''}\n"
-                f"stdout: {result.stdout}\nstderr: {result.stderr}\nexception: {result.exception!r}"
-            )
-        return result
-
-    return run
 
 
 @pytest.fixture(scope="session")

@@ -10,17 +10,14 @@ from typing import Any
 
 import pytest
 import torch
-from eval_helpers import SpyRuntime
-from typer.testing import CliRunner, Result
+from eval_helpers import MINI_GSM8K, SpyRuntime
+from typer.testing import Result
 
-from plamo2_tools.cli import app
 from plamo2_tools.convert.engine import convert
 from plamo2_tools.eval.gsm8k_task import Gsm8kData, load_gsm8k_data
 from plamo2_tools.eval.plamo2_lm import Plamo2LM
 from plamo2_tools.runtime.engine import Runtime
 from plamo2_tools.synth import synth
-
-MINI_GSM8K = Path(__file__).parent / "data" / "gsm8k_mini"
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -81,20 +78,3 @@ def spy(runtime: Runtime) -> SpyRuntime:
 
 
 Cli = Callable[..., Result]
-
-
-@pytest.fixture(scope="session")
-def cli() -> Cli:
-    """Run `plamo2-tools ARGS` in-process; stdout and stderr are kept apart."""
-    runner = CliRunner()
-
-    def run(*args: str | Path, expect: int | None = 0) -> Result:
-        result = runner.invoke(app, [str(a) for a in args])
-        if expect is not None and result.exit_code != expect:
-            raise AssertionError(
-                f"plamo2-tools {' '.join(map(str, args))}: exit {result.exit_code}, expected {expect}\n"
-                f"stdout: {result.stdout}\nstderr: {result.stderr}\nexception: {result.exception!r}"
-            )
-        return result
-
-    return run

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import MINI_GSM8K
+from eval_helpers import MINI_GSM8K
 from lm_eval.utils import sanitize_model_name
 
 from plamo2_tools.eval.gsm8k_task import write_task_yaml

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import MINI_GSM8K
+from eval_helpers import MINI_GSM8K
 from lm_eval.api.model import LM
 from lm_eval.models.utils import postprocess_generated_text
 from lm_eval.utils import sanitize_model_name

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
+from kernel_matrix import INTERPRETED
 
 from plamo2_tools.kernels import get_ops
 
-INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # The interpreter multiplies bf16 bit patterns in tl.dot, so it gets fp16 instead.
 CASES = [
     ("torch", torch.float32),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import DEVICE
+from kernel_matrix import DEVICE
 from test_ops import TOL, conv_oracle, mamba_inputs, randn, rel_err, seqlens, ssd_oracle
 
 from plamo2_tools import reference_ops as ref
@@ -60,9 +60,7 @@ def test_decode_attention_plamo(hq: int, hkv: int) -> None:
     S = len(kv_lens)
     q = randn(S, hq, 128, dtype=BF16)
     k, v = randn(S, 4096, hkv, 128, dtype=BF16), randn(S, 4096, hkv, 128, dtype=BF16)
-    out = get_ops("triton").attention(
-        q, k, v, seqlens([1] * S), torch.tensor(kv_lens, device=DEVICE), 128**-0.5, 2048
-    )
+    out = get_ops("triton").attention(q, k, v, seqlens([1] * S), torch.tensor(kv_lens, device=DEVICE), 128**-0.5, 2048)
     q64, k64, v64 = (t.double().cpu() for t in (q, k, v))
     expect = torch.cat([
         ref.attention(q64[s : s + 1], k64[s, :L], v64[s, :L], 128**-0.5, 2048)

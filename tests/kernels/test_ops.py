@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import DEVICE
+from kernel_matrix import DEVICE
 
 from plamo2_tools import reference_ops as ref
 from plamo2_tools.kernels import get_ops, torch_ops
@@ -36,9 +36,7 @@ def randn(*shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
 
 
 def seqlens(lens: list[int]) -> torch.Tensor:
-    return torch.tensor(
-        [0, *torch.tensor(lens).cumsum(0).tolist()], device=DEVICE, dtype=torch.int32
-    )
+    return torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], device=DEVICE, dtype=torch.int32)
 
 
 # ---------------------------------------------------------------- norms and SwiGLU
@@ -257,9 +255,7 @@ def test_attention(case, window: int | None, hq: int, hkv: int) -> None:
     q = randn(sum(n_q), hq, d, dtype=dtype)
     k_cache, v_cache = randn(4, Lmax, hkv, d, dtype=dtype), randn(4, Lmax, hkv, d, dtype=dtype)
     scale = d**-0.5
-    out = ops.attention(
-        q, k_cache, v_cache, cu, torch.tensor(kv_lens, device=DEVICE), scale, window
-    )
+    out = ops.attention(q, k_cache, v_cache, cu, torch.tensor(kv_lens, device=DEVICE), scale, window)
     q64, k64, v64 = d64(q, k_cache, v_cache)
     c = cu.tolist()
     expect = torch.cat([

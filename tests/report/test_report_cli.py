@@ -10,7 +10,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import Cli, assert_png, assert_tables_well_formed, image_links
+from report_helpers import Cli, assert_png, assert_tables_well_formed, image_links
 
 from plamo2_tools.report import build_report
 

@@ -8,7 +8,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import assert_tables_well_formed, table_rows
+from report_helpers import assert_tables_well_formed, table_rows
 
 from plamo2_tools.report import build_report
 from plamo2_tools.report.lmeval import find_layout

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from conftest import assert_png, assert_tables_well_formed, image_links, table_rows
+from report_helpers import assert_png, assert_tables_well_formed, image_links, table_rows
 
 from plamo2_tools.report import ReportResult, build_report
 

@@ -53,7 +53,9 @@ def test_reference_is_not_trivially_matched(shards, prompts, reference):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_half_precision_shards_within_stated_tolerances(dtype, checkpoints, shards, prompts):
-    result = verify([shards("tiny-gqa", 2, 2, dtype)], checkpoints["tiny-gqa"], prompts["tiny-gqa"], "fixture", 16, backend="torch")
+    result = verify(
+        [shards("tiny-gqa", 2, 2, dtype)], checkpoints["tiny-gqa"], prompts["tiny-gqa"], "fixture", 16, backend="torch"
+    )
     layout = result["layouts"][0]
     assert layout["dtype"] == dtype
     assert layout["passed"], layout
@@ -158,7 +160,9 @@ def test_verify_cli_passes_and_catches_a_broken_shard(tmp_path, shards, checkpoi
 
     path = shards("tiny-gqa", 2, 1)
     runner = CliRunner()
-    ok = runner.invoke(app, ["verify", str(path), "--reference", str(checkpoints["tiny-gqa"]), "--max-new-tokens", "4", "--json"])
+    ok = runner.invoke(
+        app, ["verify", str(path), "--reference", str(checkpoints["tiny-gqa"]), "--max-new-tokens", "4", "--json"]
+    )
     assert ok.exit_code == 0, ok.output
     assert json.loads(ok.stdout)["passed"] is True
 
@@ -177,7 +181,9 @@ def test_verify_cli_passes_and_catches_a_broken_shard(tmp_path, shards, checkpoi
     w[:d], w[d : 2 * d] = tensors[key][d : 2 * d], tensors[key][:d]
     tensors[key] = w
     save_file(tensors, f, metadata={"format": "pt"})
-    bad = runner.invoke(app, ["verify", str(broken), "--reference", str(checkpoints["tiny-gqa"]), "--max-new-tokens", "4"])
+    bad = runner.invoke(
+        app, ["verify", str(broken), "--reference", str(checkpoints["tiny-gqa"]), "--max-new-tokens", "4"]
+    )
     assert bad.exit_code == 1, bad.output
     assert "FAIL" in bad.output
 
@@ -191,7 +197,9 @@ def test_logits_cli_on_shards_equals_reference(tmp_path, shards, checkpoints):
     runner = CliRunner()
     ids = "1,17,300,42,5,6,7,8,9,10,11,12,13,14,15,16"
     a, b = tmp_path / "a.npy", tmp_path / "b.npy"
-    r1 = runner.invoke(app, ["logits", str(shards("tiny", 2, 2)), "--input-ids", ids, "--out", str(a), "--backend", "torch"])
+    r1 = runner.invoke(
+        app, ["logits", str(shards("tiny", 2, 2)), "--input-ids", ids, "--out", str(a), "--backend", "torch"]
+    )
     r2 = runner.invoke(app, ["logits", str(checkpoints["tiny"]), "--input-ids", ids, "--out", str(b)])
     assert r1.exit_code == 0 and r2.exit_code == 0, r1.output + r2.output
     x, y = np.load(a), np.load(b)
@@ -204,7 +212,20 @@ def test_generate_cli_json(shards):
 
     from plamo2_tools.cli import app
 
-    result = CliRunner().invoke(app, ["generate", str(shards("tiny", 1, 2)), "--prompt", "Q: 1+1?", "--max-new-tokens", "5", "--json", "--backend", "torch"])
+    result = CliRunner().invoke(
+        app,
+        [
+            "generate",
+            str(shards("tiny", 1, 2)),
+            "--prompt",
+            "Q: 1+1?",
+            "--max-new-tokens",
+            "5",
+            "--json",
+            "--backend",
+            "torch",
+        ],
+    )
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     assert len(data["tokens"]) == 5 and data["prompt_tokens"] == 8  # BOS + 7 bytes
@@ -222,11 +243,21 @@ def test_cli_under_torchrun_uses_real_ranks(tmp_path, shards):
     path = shards("tiny", 2, 2)
     ids = "1,5,9,200,31,7,8,9,10,11,12,13,14,15"
     dist_out, local_out = tmp_path / "dist.npy", tmp_path / "local.npy"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=4", "-m", "plamo2_tools.cli"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node=4",
+        "-m",
+        "plamo2_tools.cli",
+    ]
     args = ["logits", str(path), "--input-ids", ids, "--backend", "torch"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(cmd + args + ["--out", str(dist_out)], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    proc = subprocess.run([sys.executable, "-m", "plamo2_tools.cli", *args, "--out", str(local_out)], capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "plamo2_tools.cli", *args, "--out", str(local_out)], capture_output=True, text=True
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     np.testing.assert_allclose(np.load(dist_out), np.load(local_out), rtol=1e-5, atol=1e-5)
