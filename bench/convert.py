@@ -229,6 +229,7 @@ def main() -> None:
             },
         })  # fmt: skip
     report = {
+        "kind": "plamo2-bench-convert",
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "machine": {
             "cpus": cores,
