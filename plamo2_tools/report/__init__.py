@@ -17,11 +17,12 @@ from typing import Any
 
 from .. import __version__
 from ..errors import EnvironmentLimitError, UserError
-from . import bench_convert, bench_kernels, lmeval, tools, verify
+from . import bench_convert, bench_kernels, bench_runtime, lmeval, tools, verify
 from .context import Context
 from .inputs import (
     BENCH_CONVERT,
     BENCH_KERNELS,
+    BENCH_RUNTIME,
     CHECK,
     CONVERT,
     INSPECT,
@@ -43,6 +44,7 @@ SECTIONS: list[tuple[tuple[str, ...], str, Renderer]] = [
     ((VERIFY,), "Verify", verify.render),
     ((BENCH_CONVERT,), "Convert benchmark", bench_convert.render),
     ((BENCH_KERNELS,), "Kernel benchmark", bench_kernels.render),
+    ((BENCH_RUNTIME,), "Runtime throughput", bench_runtime.render),
     ((CONVERT, CHECK, INSPECT), "Tool output", tools.render),
 ]
 

@@ -32,10 +32,11 @@ LMEVAL = "lm-eval"
 VERIFY = "verify"
 BENCH_CONVERT = "bench-convert"
 BENCH_KERNELS = "bench-kernels"
+BENCH_RUNTIME = "bench-runtime"
 CONVERT = "convert"
 CHECK = "check"
 INSPECT = "inspect"
-KINDS = (LMEVAL, VERIFY, BENCH_CONVERT, BENCH_KERNELS, CONVERT, CHECK, INSPECT)
+KINDS = (LMEVAL, VERIFY, BENCH_CONVERT, BENCH_KERNELS, BENCH_RUNTIME, CONVERT, CHECK, INSPECT)
 
 
 @dataclass(frozen=True)
@@ -119,6 +120,8 @@ def classify(data: Any) -> str | None:
         return VERIFY
     if kind == "plamo2-bench-convert":
         return BENCH_CONVERT
+    if kind == "plamo2-bench-runtime" and isinstance(data.get("runs"), list):
+        return BENCH_RUNTIME
     if kind == "plamo2-bench-kernels" or (kind is None and kernel_records(data)):
         return BENCH_KERNELS  # bench/kernels.py writes {"env": ..., "records": [...]} without a kind
     if all(k in data for k in LMEVAL_KEYS) and isinstance(data["results"], dict):

@@ -14,8 +14,8 @@ from report_helpers import Cli, assert_png, assert_tables_well_formed, image_lin
 
 from plamo2_tools.report import build_report
 
-SECTION_ORDER = ["## lm-eval results", "## Verify", "## Convert benchmark", "## Kernel benchmark", "## Tool output",
-                 "## Inputs"]  # fmt: skip
+SECTION_ORDER = ["## lm-eval results", "## Verify", "## Convert benchmark", "## Kernel benchmark", "## Runtime throughput",
+                 "## Tool output", "## Inputs"]  # fmt: skip
 
 
 def test_mixed_directory_every_section_in_order(cli: Cli, fixtures: Path, tmp_path: Path) -> None:
@@ -32,7 +32,7 @@ def test_mixed_directory_every_section_in_order(cli: Cli, fixtures: Path, tmp_pa
     assert sorted(p.name for p in out.parent.iterdir()) == sorted(["all.md", *links])
     for link in links:
         assert_png(out.parent / link)
-    assert "wrote" in res.stdout and "5 plot(s) from 12 file(s)" in res.stdout
+    assert "wrote" in res.stdout and "5 plot(s) from 13 file(s)" in res.stdout
 
 
 def test_unknown_json_is_skipped_with_a_note(fixtures: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:

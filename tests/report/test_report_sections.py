@@ -175,3 +175,12 @@ def test_tool_json_tables(fixtures: Path, tmp_path: Path) -> None:
     assert inspect[3] == "D=64 L=4 V=1000" and inspect[5] == "114"
     assert result.plots == []
     assert result.warnings == ["check `shards` found problems in: headers"]
+
+
+def test_runtime_bench_table_with_ratio_to_torch(fixtures: Path, tmp_path: Path) -> None:
+    md, _ = render(tmp_path, fixtures / "bench" / "bench-runtime.json")
+    rows = table_rows(md)
+    assert "## Runtime throughput" in md
+    assert ["prefill", "T = 2048", "triton", "80,000.0", "2.00×"] in rows
+    assert ["decode", "batch 32", "triton", "1,500.0", "1.50×"] in rows
+    assert ["decode", "batch 32", "torch", "1,000.0", ""] in rows
