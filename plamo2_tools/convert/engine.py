@@ -72,10 +72,13 @@ class Journal:
         atomic_write_text(self.path, json.dumps({"fingerprint": fingerprint}) + "\n")
 
     def append(self, record: dict[str, Any]) -> None:
-        with self.lock, open(self.path, "a") as f:
-            f.write(json.dumps(record) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        try:
+            with self.lock, open(self.path, "a") as f:
+                f.write(json.dumps(record) + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError as e:  # a full disk here too is the environment's refusal, not a crash
+            raise EnvironmentLimitError(f"{self.path}: {e.strerror or e}") from None
 
 
 def _clear_outputs(out: Path) -> None:
