@@ -14,8 +14,10 @@ from report_helpers import Cli, assert_png, assert_tables_well_formed, image_lin
 
 from plamo2_tools.report import build_report
 
-SECTION_ORDER = ["## lm-eval results", "## Verify", "## Convert benchmark", "## Kernel benchmark", "## Runtime throughput",
-                 "## Tool output", "## Inputs"]  # fmt: skip
+SECTION_ORDER = [
+    "## lm-eval results", "## Verify", "## Convert benchmark", "## Kernel benchmark", "## Runtime throughput",
+    "## Tool output", "## Inputs",
+]  # fmt: skip
 
 
 def test_mixed_directory_every_section_in_order(cli: Cli, fixtures: Path, tmp_path: Path) -> None:
