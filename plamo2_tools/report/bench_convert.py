@@ -108,8 +108,52 @@ def extract(data: dict[str, Any]) -> tuple[list[ConvertRun], str | None]:
 def render(docs: list[Doc], ctx: Context) -> list[str]:
     lines = ["## Convert benchmark", ""]
     for doc in docs:
-        lines += file_section(doc, ctx)
+        lines += ours_section(doc, ctx) if _is_ours(doc.data) else file_section(doc, ctx)
     return lines
+
+
+def _is_ours(d: Any) -> bool:
+    """bench/convert.py's own schema: a baseline block and one result per split."""
+    return isinstance(d, dict) and isinstance(d.get("baseline"), dict) and isinstance(d.get("results"), list)
+
+
+def ours_section(doc: Doc, ctx: Context) -> list[str]:
+    d = doc.data
+    base, ckpt, targets = d["baseline"], d.get("checkpoint", {}), d.get("targets", {})
+    largest = (ckpt.get("largest_tensor") or {}).get("bytes")
+    lines = [f"### {code(doc.name)}", ""]
+    machine = d.get("machine", {})
+    lines += [
+        f"{ckpt.get('preset', '?')} checkpoint of {nbytes(ckpt.get('bytes'))}, largest tensor {nbytes(largest)}; "
+        f"{machine.get('cpus', '?')} CPUs; page cache {d.get('options', {}).get('cache', '?')}; "
+        f"`cp -r` {seconds(base.get('cp_s'))}, `cp -r` + `sync` {seconds(base.get('cp_sync_s'))}; "
+        f"sha256 {pretty('gbps', machine.get('sha256_single_thread_GBps'))} GB/s per thread.",
+        "",
+    ]
+    rows = []
+    for r in d["results"]:
+        met = r.get("targets", {})
+        rows.append([
+            f"TP{r.get('tp')}×PP{r.get('pp')}", seconds(r.get("wall_s")), ratio(r.get("ratio_vs_cp")),
+            ratio(r.get("ratio_vs_cp_sync")), nbytes(r.get("peak_rss_bytes")),
+            "yes" if all(met.values()) else "no: " + ", ".join(k for k, v in met.items() if not v),
+        ])  # fmt: skip
+    headers = ["Layout", "convert", "÷ cp -r", "÷ cp -r + sync", "peak RSS", "targets met"]
+    lines += table(headers, rows, right=(1, 2, 3, 4))
+    lines += [
+        "",
+        f"Targets: wall ≤ {targets.get('ratio', 1.5)}× the copy, peak RSS ≤ largest tensor + 512 MiB "
+        f"({nbytes(targets.get('peak_rss_bytes'))}). Command: `{d.get('command', '?')}`.",
+        "",
+    ]
+    runs = [
+        ConvertRun(f"TP{r.get('tp')}×PP{r.get('pp')}", {"convert": r.get("wall_s"), "cp": base.get("cp_s"),
+                                                        "ratio": r.get("ratio_vs_cp")})
+        for r in d["results"]
+    ]  # fmt: skip
+    path = ctx.plot_path("convert-time")
+    plot(runs, path, doc.name)
+    return lines + [ctx.image(path, f"convert vs cp -r time per layout, {doc.name}"), ""]
 
 
 def file_section(doc: Doc, ctx: Context) -> list[str]:

@@ -184,3 +184,25 @@ def test_runtime_bench_table_with_ratio_to_torch(fixtures: Path, tmp_path: Path)
     assert ["prefill", "T = 2048", "triton", "80,000.0", "2.00×"] in rows
     assert ["decode", "batch 32", "triton", "1,500.0", "1.50×"] in rows
     assert ["decode", "batch 32", "torch", "1,000.0", ""] in rows
+
+
+def test_convert_bench_in_bench_convert_py_schema(tmp_path: Path) -> None:
+    """The file bench/convert.py writes: a baseline block and one result per split."""
+    data = {
+        "kind": "plamo2-bench-convert",
+        "command": "python bench/convert.py --work W",
+        "machine": {"cpus": 2, "sha256_single_thread_GBps": 1.45},
+        "options": {"cache": "cold"},
+        "checkpoint": {"preset": "plamo-2-1b", "bytes": 5_167_473_028, "largest_tensor": {"bytes": 819_200_000}},
+        "baseline": {"cp_s": 6.0, "cp_sync_s": 8.0},
+        "targets": {"ratio": 1.5, "peak_rss_bytes": 1_356_070_912},
+        "results": [
+            {"tp": 2, "pp": 1, "wall_s": 12.0, "ratio_vs_cp": 2.0, "ratio_vs_cp_sync": 1.5,
+             "peak_rss_bytes": 500_000_000, "targets": {"ratio_vs_cp<=1.5": False, "peak_rss<=largest+512MiB": True}},
+        ],
+    }  # fmt: skip
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps(data))
+    md, result = render(tmp_path, path)
+    assert ["TP2×PP1", "12.0 s", "2.00×", "1.50×", "500.0 MB", "no: ratio_vs_cp<=1.5"] in table_rows(md)
+    assert "`cp -r` 6.000 s" in md and [p.name for p in result.plots] == ["r-convert-time.png"]
