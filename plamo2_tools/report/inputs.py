@@ -118,7 +118,11 @@ def classify(data: Any) -> str | None:
     kind = data.get("kind")
     if kind == "plamo2-verify":
         return VERIFY
-    if kind == "plamo2-bench-convert":
+    if (
+        kind == "plamo2-bench-convert"
+        and isinstance(data.get("baseline"), dict)
+        and isinstance(data.get("results"), list)
+    ):
         return BENCH_CONVERT
     if kind == "plamo2-bench-runtime" and isinstance(data.get("runs"), list):
         return BENCH_RUNTIME
