@@ -82,21 +82,42 @@ def main(
     )
 
 
+class ByteProgress:
+    """A Rich bytes-and-rate progress bar on stderr; callable with a byte count.  The total may
+    come later (convert knows it once its plan exists): call `start(total)` then."""
+
+    def __init__(self, description: str, enabled: bool) -> None:
+        self.description, self.enabled = description, enabled
+        self.bar: Progress | None = None
+        self.task: Any = None
+
+    def start(self, total: int) -> None:
+        if not self.enabled:
+            return
+        columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+                   TimeRemainingColumn())  # fmt: skip
+        self.bar = Progress(*columns, console=err)
+        self.bar.start()
+        self.task = self.bar.add_task(self.description, total=total)
+
+    def __call__(self, n: int) -> None:
+        if self.bar is not None:
+            self.bar.advance(self.task, n)
+
+    def stop(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+
 @contextmanager
-def byte_progress(description: str, total: int, enabled: bool = True) -> Iterator[Callable[[int], None]]:
-    if not enabled:
-        yield lambda n: None
-        return
-    columns = (
-        TextColumn("{task.description}"),
-        BarColumn(),
-        DownloadColumn(),
-        TransferSpeedColumn(),
-        TimeRemainingColumn(),
-    )
-    with Progress(*columns, console=err, transient=False) as bar:
-        task = bar.add_task(description, total=total)
-        yield lambda n: bar.advance(task, n)
+def byte_progress(description: str, total: int | None = None, enabled: bool = True) -> Iterator[ByteProgress]:
+    progress = ByteProgress(description, enabled)
+    if total is not None:
+        progress.start(total)
+    try:
+        yield progress
+    finally:
+        progress.stop()
 
 
 def print_json(data: Any) -> None:
@@ -267,10 +288,11 @@ def convert(
     from .convert.engine import convert as run
     from .convert.plan import parse_size
 
-    with _lazy_byte_progress(f"convert tp={tp} pp={pp}", enabled=not as_json) as progress:
+    with byte_progress(f"convert tp={tp} pp={pp}", enabled=not as_json) as progress:
         result = run(
             src, out_dir, tp=tp, pp=pp, pp_layers=_int_list(pp_layers, "--pp-layers"), dtype=dtype,
-            max_part_size=parse_size(max_part_size), force=force, progress=progress, on_plan=progress.start,
+            max_part_size=parse_size(max_part_size), force=force, progress=progress,
+            on_plan=lambda plan: progress.start(plan.payload_bytes),
         )  # fmt: skip
     summary = _convert_summary(result)
     if as_json:
@@ -295,46 +317,6 @@ def convert(
         + (f", {len(summary['files_reused'])} file(s) reused" if summary["files_reused"] else ""),
         highlight=False,
     )
-
-
-class _LazyProgress:
-    """A byte progress bar whose total is known only once the plan exists."""
-
-    def __init__(self, description: str, enabled: bool) -> None:
-        self.description, self.enabled = description, enabled
-        self.bar: Progress | None = None
-        self.task: Any = None
-
-    def start(self, plan: Any) -> None:
-        if not self.enabled:
-            return
-        columns = (
-            TextColumn("{task.description}"),
-            BarColumn(),
-            DownloadColumn(),
-            TransferSpeedColumn(),
-            TimeRemainingColumn(),
-        )
-        self.bar = Progress(*columns, console=err)
-        self.bar.start()
-        self.task = self.bar.add_task(self.description, total=plan.payload_bytes)
-
-    def __call__(self, n: int) -> None:
-        if self.bar is not None:
-            self.bar.advance(self.task, n)
-
-    def stop(self) -> None:
-        if self.bar is not None:
-            self.bar.stop()
-
-
-@contextmanager
-def _lazy_byte_progress(description: str, enabled: bool) -> Iterator[_LazyProgress]:
-    progress = _LazyProgress(description, enabled)
-    try:
-        yield progress
-    finally:
-        progress.stop()
 
 
 def _convert_summary(result: Any) -> dict[str, Any]:
