@@ -1,19 +1,28 @@
 """Benchmark `plamo2-tools convert` against a plain copy of the same checkpoint (not a test).
 
-    python bench/convert.py --work DIR --out reports/bench_convert.json
+    python bench/convert.py --work DIR --out reports/convert/NAME.json [--preset plamo-2-8b --files 4]
 
-Synthesises a plamo-2-1b float32 checkpoint in DIR/src (reused when already there), then times, on
-the same disk: `cp -r` of the checkpoint, `cp -r` + `sync` (convert fsyncs every file, cp does
-not), and `plamo2-tools convert` to TP2xPP1 and TP4xPP2, each into a fresh directory.  For convert
-it records wall time, throughput and the peak RSS of the convert process (os.wait4 rusage, which
-on Linux also counts what the child inherited at fork, i.e. this script's ~230 MiB, so it is an
-upper bound; plus anonymous/file RSS sampled from /proc), and compares them with the targets:
-wall <= 1.5x cp and peak RSS <= largest tensor + 512 MiB.  It also measures what sha256 costs on this machine, since
-the manifest needs three digests of every byte (input file, output file, output tensor).
+Synthesises a checkpoint in DIR/src (reused when already there; `--synth fast` writes constant
+values, which copy and hash exactly as fast as random ones, in a fraction of the time), then times,
+on the same disk and interleaved so that a noisy neighbour slows every kind of run alike:
+`cp -r` of the checkpoint, `cp -r && sync` (convert fsyncs every file, cp does not), and
+`plamo2-tools convert` to each TP x PP split, each into a fresh directory; `--variant` adds
+convert runs with other options (e.g. `user=--copy user`; `VAR=value` words set its environment)
+for the first split.  Medians of
+`--repeat` runs are compared with the targets (issue 13): wall <= 1.3x `cp -r` below 16 cores,
+1.1x from 16 cores on, and peak RSS <= largest tensor + 512 MiB.
 
-Before every timed command the source's pages are dropped from the page cache (--cache cold,
-posix_fadvise DONTNEED after a sync), so cp and convert read the same way; --cache warm leaves
-the cache alone.  Outputs are deleted after each run; --clean also deletes DIR/src at the end.
+Peak RSS is the convert process's own high-water mark (VmHWM, sampled from /proc every 20 ms;
+rusage's ru_maxrss would include this script's memory, inherited across fork and exec).  The CPU
+time of the convert process and what its copy paths carried are recorded per run.
+
+Before every timed command the source's pages leave the page cache (`--cache cold`: sync, then
+posix_fadvise DONTNEED on every source file; `--cache drop`: also `echo 3 > /proc/sys/vm/
+drop_caches` where allowed), so cp and convert read from the disk alike; `--cache warm` leaves the
+cache alone.  `--blob-check` also lays the source out as a Hugging Face cache snapshot (links to
+blobs named by their sha256) and times the first split with and without `--verify-blobs`.
+`--time-budget` stops starting runs after that many seconds; the JSON is rewritten after every
+repetition, so a cut-short run still leaves its numbers.
 """
 
 from __future__ import annotations
@@ -23,6 +32,8 @@ import hashlib
 import json
 import os
 import platform
+import re
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -33,19 +44,24 @@ from pathlib import Path
 from typing import Any
 
 MIB = 2**20
-TARGET_RATIO = 1.5
+TARGET_RATIO_FEW_CORES, TARGET_RATIO_MANY_CORES, MANY_CORES = 1.3, 1.1, 16
 TARGET_RSS_HEADROOM = 512 * MIB
 CLI = [sys.executable, "-m", "plamo2_tools.cli"]
+# The result file's kind and version, read by `plamo2-tools report` (plamo2_tools/report/inputs.py
+# names the same pair; tests/report/test_report_kinds.py keeps the two equal).  Bump the version when
+# a field changes meaning or goes away (adding one is compatible).
+KIND = "plamo2-bench-convert"
+SCHEMA_VERSION = 1
 
 
-def run_timed(cmd: list[str], sample_rss: bool = False) -> dict[str, Any]:
-    """Run cmd; wall time, exit status, rusage of exactly this child, peak RSS split by kind."""
+def run_timed(cmd: list[str], sample: bool = False) -> dict[str, Any]:
+    """Run cmd; wall time, exit status, CPU time of exactly this child, its peak RSS."""
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    peaks = {"VmRSS": 0, "RssAnon": 0, "RssFile": 0}
+    peaks = {"VmHWM": 0, "VmRSS": 0, "RssAnon": 0, "RssFile": 0}
     stop = threading.Event()
 
-    def sample() -> None:  # /proc/PID/status every 20 ms: anonymous vs file-backed memory
+    def sampler() -> None:  # /proc/PID/status every 20 ms: high-water mark, anonymous vs file-backed
         while not stop.is_set():
             try:
                 for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines():
@@ -56,50 +72,62 @@ def run_timed(cmd: list[str], sample_rss: bool = False) -> dict[str, Any]:
                 pass
             stop.wait(0.02)
 
-    sampler = threading.Thread(target=sample, daemon=True)
-    if sample_rss:
-        sampler.start()
+    threads = [threading.Thread(target=sampler, daemon=True)] if sample else []
     out_chunks: list[bytes] = []
-    reader = threading.Thread(target=lambda: out_chunks.append(proc.stdout.read()), daemon=True)
-    reader.start()
+    err_chunks: list[bytes] = []
+    threads += [
+        threading.Thread(target=lambda: out_chunks.append(proc.stdout.read()), daemon=True),  # type: ignore[union-attr]
+        threading.Thread(target=lambda: err_chunks.append(proc.stderr.read()), daemon=True),  # type: ignore[union-attr]
+    ]
+    for t in threads:
+        t.start()
     _, status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - start
     stop.set()
-    reader.join()
-    stderr = proc.stderr.read().decode(errors="replace")
-    proc.stdout.close()
-    proc.stderr.close()
+    for t in threads:
+        t.join()
     proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode != 0:
-        raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{stderr[-2000:]}")
+        raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{b''.join(err_chunks).decode()[-2000:]}")
     return {
         "wall_s": wall,
         "user_s": usage.ru_utime,
         "sys_s": usage.ru_stime,
-        "peak_rss_bytes": usage.ru_maxrss * 1024,  # Linux reports KiB
-        "sampled_peak": {k: v for k, v in peaks.items()} if sample_rss else None,
+        "peak_rss_bytes": peaks["VmHWM"] if sample else None,
+        "sampled_peak": dict(peaks) if sample else None,
         "stdout": b"".join(out_chunks).decode(errors="replace"),
     }
 
 
-def drop_cache(paths: list[Path]) -> None:
-    """Write back everything, then evict these files' clean pages (nobody else's)."""
+def evict(paths: list[Path], cache: str) -> str:
+    """Write back everything, then take these files' pages out of the page cache."""
     os.sync()
+    if cache == "warm":
+        return "none"
     for p in paths:
         fd = os.open(p, os.O_RDONLY)
         try:
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         finally:
             os.close(fd)
+    if cache == "drop":
+        try:
+            Path("/proc/sys/vm/drop_caches").write_text("3\n")
+            return "drop_caches"
+        except OSError:
+            pass
+    return "fadvise"
 
 
 def dir_bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
-def ensure_checkpoint(src: Path, preset: str) -> dict[str, Any]:
-    from plamo2_tools.checkpoint import HFCheckpoint
-    from plamo2_tools.synth import DTYPES, checkpoint_bytes, preset_config
+def ensure_checkpoint(src: Path, preset: str, files: int, synth: str) -> dict[str, Any]:
+    import torch
+
+    from plamo2_tools.model.checkpoint import HFCheckpoint
+    from plamo2_tools.model.synth import DTYPES, checkpoint_bytes, preset_config, write_checkpoint
 
     cfg = preset_config(preset)
     want = checkpoint_bytes(cfg, DTYPES[cfg.torch_dtype])
@@ -110,126 +138,220 @@ def ensure_checkpoint(src: Path, preset: str) -> dict[str, Any]:
     except Exception:  # noqa: BLE001 - anything wrong: make it again
         ok = False
     if not ok:
-        print(f"synthesising {preset} into {src} ...", flush=True)
-        made = run_timed([*CLI, "synth", str(src), "--preset", preset, "--force", "--json"])["wall_s"]
+        print(f"synthesising {preset} ({synth}) into {src} ...", flush=True)
+        shutil.rmtree(src, ignore_errors=True)
+        start = time.perf_counter()
+        if synth == "fast":  # constant values: the same bytes to copy and hash, no random numbers to make
+
+            def values(name: str, shape: tuple[int, ...]) -> torch.Tensor:
+                return torch.full(shape, 1.0 + len(name) % 7 / 8)
+
+            write_checkpoint(src, cfg, values, DTYPES[cfg.torch_dtype], files=files, tokenizer=False)
+        else:
+            cmd = [*CLI, "synth", str(src), "--preset", preset, "--files", str(files), "--force", "--json"]
+            run_timed(cmd)
+        made = time.perf_counter() - start
     with HFCheckpoint(src) as ckpt:
         largest = max(ckpt.tensors.values(), key=lambda t: t.nbytes)
-        files = [f.path for f in ckpt.files]
+        paths = [f.path for f in ckpt.files]
         return {
             "path": str(src),
             "preset": preset,
             "dtype": cfg.torch_dtype,
             "parameters": cfg.num_parameters(),
             "bytes": dir_bytes(src),
-            "weight_bytes": sum(f.stat().st_size for f in files),
+            "weight_bytes": sum(f.stat().st_size for f in paths),
+            "weight_files": len(paths),
             "largest_tensor": {"name": largest.name, "bytes": largest.nbytes},
+            "synth": synth,
             "synth_s": made,
             "reused": made is None,
-            "files": [str(f) for f in files],
+            "files": [str(f) for f in paths],
         }
 
 
-def sha256_rate() -> float:
-    """Single-thread sha256 throughput over 1 GiB in memory (bytes/s)."""
+def hash_rates() -> dict[str, float]:
+    """Single-thread throughput over 1 GiB in memory (GB/s) of the digests convert may compute."""
+    import xxhash
+
     block = bytearray(64 * MIB)
-    h = hashlib.sha256()
-    start = time.perf_counter()
-    for _ in range(16):
-        h.update(block)
-    return 16 * len(block) / (time.perf_counter() - start)
+    rates = {}
+    for name, make in (("sha256", hashlib.sha256), ("xxh3_128", xxhash.xxh3_128)):
+        h = make()
+        start = time.perf_counter()
+        for _ in range(16):
+            h.update(block)
+        rates[f"{name}_single_thread_GBps"] = 16 * len(block) / (time.perf_counter() - start) / 1e9
+    return rates
+
+
+def hf_cache_layout(ckpt: dict[str, Any], work: Path) -> Path:
+    """DIR/hub/snapshots/x: the source as a Hugging Face cache holds it (weights are links to
+    blobs/<sha256>; the blobs are hard links to the source files, so nothing is copied)."""
+    root = work / "hub"
+    snapshot, blobs = root / "snapshots" / "x", root / "blobs"
+    if snapshot.exists():
+        return snapshot
+    snapshot.mkdir(parents=True)
+    blobs.mkdir()
+    src = Path(ckpt["path"])
+    for p in sorted(src.iterdir()):
+        if str(p) in ckpt["files"]:
+            h = hashlib.sha256()
+            with open(p, "rb") as f:
+                while block := f.read(64 * MIB):
+                    h.update(block)
+            blob = blobs / h.hexdigest()
+            os.link(p, blob)
+            (snapshot / p.name).symlink_to(blob)
+        else:
+            shutil.copy(p, snapshot / p.name)
+    return snapshot
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--work", type=Path, required=True, help="scratch directory on the disk to measure")
-    ap.add_argument("--out", type=Path, default=Path("reports/bench_convert.json"))
+    ap.add_argument("--out", type=Path, default=Path("reports/convert/bench.json"))
     ap.add_argument("--preset", default="plamo-2-1b")
+    ap.add_argument("--files", type=int, default=1, help="weight files of the synthesised checkpoint")
+    ap.add_argument("--synth", choices=("random", "fast"), default="random")
     ap.add_argument("--splits", default="2x1,4x2", help="TPxPP list, e.g. 2x1,4x2")
-    ap.add_argument("--repeat", type=int, default=1, help="repetitions; medians are reported")
-    ap.add_argument("--cache", choices=("cold", "warm"), default="cold")
+    ap.add_argument("--variant", action="append", default=[], metavar="NAME=ARGS",
+                    help="extra convert runs of the first split with these options ('user=--copy user')")  # fmt: skip
+    ap.add_argument("--repeat", type=int, default=3, help="repetitions; medians are reported")
+    ap.add_argument("--cache", choices=("cold", "drop", "warm"), default="cold")
+    ap.add_argument("--blob-check", action="store_true", help="also time --verify-blobs on an HF cache layout")
+    ap.add_argument("--target-ratio", type=float, default=None, help="default: 1.3 below 16 cores, else 1.1")
+    ap.add_argument("--time-budget", type=float, default=None, help="start no run after this many seconds")
     ap.add_argument("--clean", action="store_true", help="also delete the synthesised checkpoint at the end")
     args = ap.parse_args()
 
+    began = time.perf_counter()
     work = args.work.resolve()
     work.mkdir(parents=True, exist_ok=True)
     src = work / "src"
-    ckpt = ensure_checkpoint(src, args.preset)
+    ckpt = ensure_checkpoint(src, args.preset, args.files, args.synth)
+    sources = [Path(f) for f in ckpt["files"]]
     splits = [tuple(int(x) for x in s.split("x")) for s in args.splits.split(",")]
+    variants = {v.split("=", 1)[0]: shlex.split(v.split("=", 1)[1]) for v in args.variant}
+    cores = len(os.sched_getaffinity(0))
+    target_ratio = args.target_ratio or (TARGET_RATIO_MANY_CORES if cores >= MANY_CORES else TARGET_RATIO_FEW_CORES)
+    rss_limit = ckpt["largest_tensor"]["bytes"] + TARGET_RSS_HEADROOM
     load_before = os.getloadavg()
+    rates = hash_rates()
+    evicted: set[str] = set()
 
-    def prepare(target: Path) -> None:
+    def out_of_time() -> bool:
+        return args.time_budget is not None and time.perf_counter() - began > args.time_budget
+
+    def timed(name: str, cmd: list[str], target: Path) -> dict[str, Any]:
         shutil.rmtree(target, ignore_errors=True)
-        if args.cache == "cold":
-            drop_cache([Path(f) for f in ckpt["files"]])
-        else:
-            os.sync()
+        evicted.add(evict(sources, args.cache))
+        return run_timed(cmd, sample=name not in ("cp", "cp_sync"))
 
-    samples: dict[str, list[dict[str, Any]]] = {"cp": [], "cp_sync": []}
-    samples.update({f"tp{t}_pp{p}": [] for t, p in splits})
+    def convert(name: str, source: Path, t: int, p: int, extra: list[str]) -> dict[str, Any]:
+        out = work / f"out_{name}"
+        env = [x for x in extra if re.fullmatch(r"[A-Z0-9_]+=.*", x)]  # a variant's environment, e.g. X=1
+        options = [x for x in extra if x not in env]
+        cmd = [*CLI, "convert", str(source), str(out), "--tp", str(t), "--pp", str(p), *options, "--json"]
+        cmd = ["env", *env, *cmd] if env else cmd
+        r = timed(name, cmd, out)
+        summary = json.loads(r.pop("stdout"))
+        r.update(convert_seconds=summary["seconds"], bytes_written=summary["bytes_written"],
+                 output_bytes=dir_bytes(out), files=len(list(out.glob("*.safetensors"))),
+                 copy=summary.get("copy"))  # fmt: skip
+        shutil.rmtree(out)
+        return r
+
+    runs = {"cp": [], "cp_sync": [], **{f"tp{t}_pp{p}": [] for t, p in splits}, **{v: [] for v in variants}}
+    samples: dict[str, list[dict[str, Any]]] = runs
+    first = splits[0]
+    blob: dict[str, Any] = {}
     for i in range(args.repeat):
-        # Interleaved, so a noisy neighbour slows every kind of run alike.
+        if out_of_time():
+            print(f"time budget spent: {i} of {args.repeat} repetitions", flush=True)
+            break
         target = work / "copy"
-        prepare(target)
-        samples["cp"].append(run_timed(["cp", "-r", str(src), str(target)]))
-        prepare(target)
-        samples["cp_sync"].append(run_timed(["sh", "-c", f"cp -r '{src}' '{target}' && sync"]))
+        r = timed("cp", ["cp", "-r", str(src), str(target)], target)
+        samples["cp"].append(r)
+        r = timed("cp_sync", ["sh", "-c", f"cp -r '{src}' '{target}' && sync"], target)
+        samples["cp_sync"].append(r)
         shutil.rmtree(target)
         for t, p in splits:
-            out = work / f"out_tp{t}_pp{p}"
-            prepare(out)
-            r = run_timed([*CLI, "convert", str(src), str(out), "--tp", str(t), "--pp", str(p), "--json"], True)
-            summary = json.loads(r.pop("stdout"))
-            r.update(
-                convert_seconds=summary["seconds"],
-                bytes_written=summary["bytes_written"],
-                output_bytes=dir_bytes(out),
-                files=len(list(out.glob("*.safetensors"))),
-            )
-            samples[f"tp{t}_pp{p}"].append(r)
-            shutil.rmtree(out)
-            print(f"  run {i + 1}/{args.repeat} tp={t} pp={p}: {r['wall_s']:.1f} s", flush=True)
-    for runs in samples.values():
-        for r in runs:
-            r.pop("stdout", None)
+            samples[f"tp{t}_pp{p}"].append(convert(f"tp{t}_pp{p}", src, t, p, []))
+        for name, extra in variants.items():
+            samples[name].append(convert(name, src, *first, extra))
+        line = ", ".join(f"{k} {v[-1]['wall_s']:.2f}" for k, v in samples.items() if len(v) > i)
+        print(f"  run {i + 1}/{args.repeat}: {line} s", flush=True)
+        write_report(args, ckpt, splits, variants, samples, blob, target_ratio, rss_limit, load_before, rates,
+                     evicted, cores)  # fmt: skip
+    if args.blob_check and not out_of_time():
+        start = time.perf_counter()
+        snapshot = hf_cache_layout(ckpt, work)
+        blob = {"layout_s": time.perf_counter() - start, "verify": [], "no_verify": []}
+        for _ in range(args.repeat):
+            if out_of_time():
+                break
+            blob["verify"].append(convert("verify", snapshot, *first, ["--verify-blobs"]))
+            blob["no_verify"].append(convert("no_verify", snapshot, *first, ["--no-verify-blobs"]))
+        print(f"  blob check: {[round(r['wall_s'], 2) for r in blob['verify']]} s with sha256, "
+              f"{[round(r['wall_s'], 2) for r in blob['no_verify']]} s without", flush=True)  # fmt: skip
+    report = write_report(args, ckpt, splits, variants, samples, blob, target_ratio, rss_limit, load_before, rates,
+                          evicted, cores)  # fmt: skip
+    if args.clean:
+        shutil.rmtree(src)
+        shutil.rmtree(work / "hub", ignore_errors=True)
+    print_summary(report)
 
-    def med(name: str, key: str) -> float:
-        return statistics.median(r[key] for r in samples[name])
 
-    cp_s, cp_sync_s = med("cp", "wall_s"), med("cp_sync", "wall_s")
-    rate = sha256_rate()
-    cores = os.cpu_count() or 1
-    rss_limit = ckpt["largest_tensor"]["bytes"] + TARGET_RSS_HEADROOM
-    results = []
-    for t, p in splits:
-        name = f"tp{t}_pp{p}"
-        wall = med(name, "wall_s")
-        rss = max(r["peak_rss_bytes"] for r in samples[name])
-        out_bytes = med(name, "output_bytes")
-        hash_cpu = (ckpt["weight_bytes"] + 2 * out_bytes) / rate  # input file, output files, output tensors
-        results.append({
-            "split": name, "tp": t, "pp": p,
+def write_report(args: argparse.Namespace, ckpt: dict[str, Any], splits: list[tuple[int, ...]],
+                 variants: dict[str, list[str]], samples: dict[str, list[dict[str, Any]]], blob: dict[str, Any],
+                 target_ratio: float, rss_limit: int, load_before: tuple[float, float, float],
+                 rates: dict[str, float], evicted: set[str], cores: int) -> dict[str, Any]:  # fmt: skip
+    def med(runs: list[dict[str, Any]], key: str) -> float | None:
+        values = [r[key] for r in runs if r.get(key) is not None]
+        return statistics.median(values) if values else None
+
+    cp_s, cp_sync_s = med(samples["cp"], "wall_s"), med(samples["cp_sync"], "wall_s")
+
+    def result(name: str, runs: list[dict[str, Any]], t: int, p: int, extra: list[str]) -> dict[str, Any]:
+        wall = med(runs, "wall_s")
+        rss = max(r["peak_rss_bytes"] for r in runs)
+        ratio, ratio_sync = wall / cp_s, wall / cp_sync_s  # type: ignore[operator]
+        return {
+            "split": name, "tp": t, "pp": p, "options": " ".join(extra),
             "wall_s": wall,
-            "convert_seconds": med(name, "convert_seconds"),  # inside the process, without Python start-up
-            "user_s": med(name, "user_s"), "sys_s": med(name, "sys_s"),
-            "output_bytes": out_bytes,
-            "ratio_vs_cp": wall / cp_s,
-            "ratio_vs_cp_sync": wall / cp_sync_s,
-            "ratio_inside_vs_cp_sync": med(name, "convert_seconds") / cp_sync_s,  # minus ~1.5 s of imports
-            "read_GBps": ckpt["weight_bytes"] / wall / 1e9,
-            "write_GBps": out_bytes / wall / 1e9,
+            "convert_seconds": med(runs, "convert_seconds"),  # inside the process, without Python start-up
+            "user_s": med(runs, "user_s"), "sys_s": med(runs, "sys_s"),
+            "output_bytes": med(runs, "output_bytes"),
+            "ratio_vs_cp": ratio,
+            "ratio_vs_cp_sync": ratio_sync,
+            "ratio_inside_vs_cp": med(runs, "convert_seconds") / cp_s,  # type: ignore[operator]
+            "read_GBps": ckpt["weight_bytes"] / wall / 1e9,  # type: ignore[operator]
             "peak_rss_bytes": rss,
-            "peak_rss_vs_checkpoint": rss / ckpt["weight_bytes"],
             "peak_rss_vs_largest_tensor": rss / ckpt["largest_tensor"]["bytes"],
-            "sha256_cpu_s": hash_cpu,
-            "sha256_floor_s": hash_cpu / cores,
+            "copy": runs[-1].get("copy"),
             "targets": {
-                "ratio_vs_cp<=1.5": wall / cp_s <= TARGET_RATIO,
-                "ratio_vs_cp_sync<=1.5": wall / cp_sync_s <= TARGET_RATIO,
+                f"ratio_vs_cp<={target_ratio}": ratio <= target_ratio,
                 "peak_rss<=largest+512MiB": rss <= rss_limit,
             },
-        })  # fmt: skip
+        }  # fmt: skip
+
+    results = [result(f"tp{t}_pp{p}", samples[f"tp{t}_pp{p}"], t, p, []) for t, p in splits if samples[f"tp{t}_pp{p}"]]
+    results += [result(n, samples[n], *splits[0], variants[n]) for n in variants if samples[n]]
+    blob_summary = None
+    if blob.get("verify"):
+        blob_summary = {
+            "split": f"tp{splits[0][0]}_pp{splits[0][1]}",
+            "layout_s": blob["layout_s"],
+            "verify_blobs_s": med(blob["verify"], "wall_s"),
+            "no_verify_blobs_s": med(blob["no_verify"], "wall_s"),
+            "samples": blob,
+        }
     report = {
-        "kind": "plamo2-bench-convert",
+        "kind": KIND,
+        "schema_version": SCHEMA_VERSION,
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "machine": {
             "cpus": cores,
@@ -238,39 +360,47 @@ def main() -> None:
             "mem_bytes": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"),
             "loadavg_before": load_before,
             "loadavg_after": os.getloadavg(),
-            "sha256_single_thread_GBps": rate / 1e9,
+            **rates,
         },
-        "options": {"cache": args.cache, "repeat": args.repeat, "splits": args.splits},
+        "options": {
+            "cache": args.cache,
+            "evicted_by": sorted(evicted),
+            "repeat": args.repeat,
+            "splits": args.splits,
+            "variants": {k: " ".join(v) for k, v in variants.items()},
+        },  # fmt: skip
         "checkpoint": {k: v for k, v in ckpt.items() if k != "files"},
-        "baseline": {"cp_s": cp_s, "cp_sync_s": cp_sync_s, "cp_GBps": ckpt["bytes"] / cp_s / 1e9},
-        "targets": {"ratio": TARGET_RATIO, "peak_rss_bytes": rss_limit},
+        "baseline": {"cp_s": cp_s, "cp_sync_s": cp_sync_s, "cp_GBps": ckpt["bytes"] / cp_s / 1e9 if cp_s else None},
+        "targets": {"ratio": target_ratio, "peak_rss_bytes": rss_limit},
         "results": results,
+        "blob_check": blob_summary,
         "samples": samples,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
-    if args.clean:
-        shutil.rmtree(src)
+    args.out.write_text(json.dumps(report, indent=1) + "\n")
+    return report
 
+
+def print_summary(report: dict[str, Any]) -> None:
+    ckpt, machine, base = report["checkpoint"], report["machine"], report["baseline"]
     gb = 1e9
-    print(f"\n{args.preset}: {ckpt['weight_bytes'] / gb:.2f} GB {ckpt['dtype']}, largest tensor "
-          f"{ckpt['largest_tensor']['name']} {ckpt['largest_tensor']['bytes'] / gb:.2f} GB; {cores} CPUs, "
-          f"load {load_before[0]:.1f} -> {report['machine']['loadavg_after'][0]:.1f}; cache {args.cache}; "
-          f"sha256 {rate / gb:.2f} GB/s per thread")  # fmt: skip
-    print(f"cp -r: {cp_s:.1f} s ({ckpt['bytes'] / cp_s / gb:.2f} GB/s)   cp -r + sync: {cp_sync_s:.1f} s")
-    for r in results:
-        ok = lambda b: "ok" if b else "MISSED"  # noqa: E731
-        print(
-            f"convert tp={r['tp']} pp={r['pp']}: {r['wall_s']:.1f} s wall ({r['convert_seconds']:.1f} s inside), "
-            f"{r['read_GBps']:.2f} GB/s read, {r['write_GBps']:.2f} GB/s written; "
-            f"x{r['ratio_vs_cp']:.2f} cp [{ok(r['targets']['ratio_vs_cp<=1.5'])}], "
-            f"x{r['ratio_vs_cp_sync']:.2f} cp+sync [{ok(r['targets']['ratio_vs_cp_sync<=1.5'])}]; "
-            f"peak RSS {r['peak_rss_bytes'] / MIB:.0f} MiB = {r['peak_rss_vs_checkpoint']:.2f}x checkpoint, "
-            f"{r['peak_rss_vs_largest_tensor']:.2f}x largest tensor (limit {rss_limit / MIB:.0f} MiB) "
-            f"[{ok(r['targets']['peak_rss<=largest+512MiB'])}]; CPU {r['user_s']:.1f} user + {r['sys_s']:.1f} sys, "
-            f"of which sha256 >= {r['sha256_cpu_s']:.1f} s"
-        )
-    print(f"wrote {args.out}")
+    load = f"{machine['loadavg_before'][0]:.1f} -> {machine['loadavg_after'][0]:.1f}"
+    print(f"\n{ckpt['preset']}: {ckpt['weight_bytes'] / gb:.2f} GB {ckpt['dtype']} in {ckpt['weight_files']} file(s), "
+          f"largest tensor {ckpt['largest_tensor']['bytes'] / gb:.2f} GB; {machine['cpus']} CPUs, load {load}; cache "
+          f"{report['options']['cache']} ({', '.join(report['options']['evicted_by'])}); sha256 "
+          f"{machine['sha256_single_thread_GBps']:.2f}, xxh3 {machine['xxh3_128_single_thread_GBps']:.2f} "
+          "GB/s per thread")  # fmt: skip
+    print(f"cp -r: {base['cp_s']:.2f} s   cp -r + sync: {base['cp_sync_s']:.2f} s")
+    for r in report["results"]:
+        ok = "ok" if all(r["targets"].values()) else "MISSED " + ",".join(k for k, v in r["targets"].items() if not v)
+        cpu = f"{r['user_s']:.1f}+{r['sys_s']:.1f} s"
+        print(f"{r['split']:>10} {r['options']:>16}: {r['wall_s']:.2f} s ({r['convert_seconds']:.2f} inside) "
+              f"x{r['ratio_vs_cp']:.2f} cp, x{r['ratio_vs_cp_sync']:.2f} cp+sync; CPU {cpu}; "
+              f"peak RSS {r['peak_rss_bytes'] / MIB:.0f} MiB [{ok}]")  # fmt: skip
+    if report["blob_check"]:
+        b = report["blob_check"]
+        print(f"HF cache layout {b['split']}: {b['verify_blobs_s']:.2f} s with --verify-blobs, "
+              f"{b['no_verify_blobs_s']:.2f} s without")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -8,8 +8,9 @@ importance and are skipped once the time budget is spent.  Peers: mamba_ssm 2.3.
 (`mamba_chunk_scan_combined`, `selective_state_update`) if importable (selective_scan_cuda is
 stubbed), PyTorch SDPA, the repo's own PyTorch path.  ``--smoke`` runs tiny shapes on the CPU
 under TRITON_INTERPRET=1 to check the script itself; its timings mean nothing.  ``--explore``
-adds tile / config sweeps (SSD output kernel, state update).  kernels.json carries
-``"kind": "plamo2-bench-kernels"`` for ``plamo2-tools report``; results live in reports/kernels/.
+adds tile / config sweeps (SSD output kernel, state update).  kernels.json and the first line of
+each run in kernels.jsonl carry ``"kind": "plamo2-bench-kernels"`` and ``"schema_version"`` for
+``plamo2-tools report``; results live in reports/kernels/.
 """
 
 # ruff: noqa: B023  (every lambda below is timed before its loop variables change)
@@ -40,9 +41,9 @@ import torch.nn.functional as F  # noqa: E402
 import triton  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from plamo2_tools import reference_ops as ref  # noqa: E402
 from plamo2_tools.kernels import ssd as ssd_mod  # noqa: E402
 from plamo2_tools.kernels import torch_ops, triton_ops  # noqa: E402
+from plamo2_tools.model import reference_ops as ref  # noqa: E402
 
 DEV = "cpu" if SMOKE else "cuda"
 BF16, F32 = torch.bfloat16, torch.float32
@@ -56,6 +57,12 @@ if SMOKE:
     MODELS = {"tiny": dict(H=2, Hq=4, Hkv=1, D=64, F=64)}
     P, N, HD, WINDOW = 16, 16, 16, 24
 TOL = {BF16: 1.5e-2, F32: 1e-4}
+# kind and version of kernels.json and of the first line of every run in kernels.jsonl, read by
+# `plamo2-tools report` (plamo2_tools/report/inputs.py names the same pair;
+# tests/report/test_report_kinds.py keeps the two equal).  Bump the version when a field changes
+# meaning or goes away (adding one is compatible).
+KIND = "plamo2-bench-kernels"
+SCHEMA_VERSION = 1
 
 
 class Run:
@@ -64,6 +71,10 @@ class Run:
     def __init__(self, out: Path, budget: float) -> None:
         out.mkdir(parents=True, exist_ok=True)
         self.jsonl = (out / "kernels.jsonl").open("a")
+        # The stream's own header: a reader knows it for ours from its first line, before any record
+        # (a rerun appends to the same file, so a header also starts every later run in it).
+        self.jsonl.write(json.dumps({"kind": KIND, "schema_version": SCHEMA_VERSION}) + "\n")
+        self.jsonl.flush()
         self.summary_path = out / "kernels.json"
         self.t0, self.budget = time.time(), budget
         self.records: list[dict] = []
@@ -82,7 +93,7 @@ class Run:
         return kw
 
     def write_summary(self) -> None:
-        doc = {"kind": "plamo2-bench-kernels", "env": self.env, "records": self.records}
+        doc = {"kind": KIND, "schema_version": SCHEMA_VERSION, "env": self.env, "records": self.records}
         self.summary_path.write_text(json.dumps(doc, indent=1, default=str))
 
 

@@ -6,31 +6,75 @@ listed in `plamo2_tools.errors`; `--json` prints machine-readable results on std
 
 from __future__ import annotations
 
+import errno
 import functools
+import importlib
 import json
 import logging
+import os
 import signal
 import sys
+import threading
+import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, NoReturn, TypeVar
 
 import typer
 from rich.console import Console
 from rich.logging import RichHandler
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     DownloadColumn,
+    MofNCompleteColumn,
     Progress,
     TextColumn,
+    TimeElapsedColumn,
     TimeRemainingColumn,
     TransferSpeedColumn,
 )
 from rich.table import Table
+from typer.core import TyperGroup
 
 from . import __version__
-from .errors import Plamo2Error, UserError
+from .errors import BUG_EXIT_CODE, REPORT_BUGS_TO, EnvironmentLimitError, Plamo2Error, UserError
+
+# Typer's own click (a vendored copy in recent Typer, the click package in older ones): its
+# exception classes are the ones raised.
+clicks = importlib.import_module(typer.BadParameter.__module__)
+NoArgsIsHelpError = getattr(clicks, "NoArgsIsHelpError", ())  # click < 8.2 prints help without raising
+
+
+class OneLineErrors(TyperGroup):
+    """Click's usage errors (unknown option, bad value, missing argument) as one `error:` line with
+    exit 2, like every other bad input, instead of a usage box; help and --version unchanged."""
+
+    def main(self, args: Any = None, prog_name: Any = None, complete_var: Any = None,
+             standalone_mode: bool = True, **extra: Any) -> Any:  # fmt: skip
+        def run() -> Any:
+            return super(OneLineErrors, self).main(
+                args=args, prog_name=prog_name, complete_var=complete_var, standalone_mode=False, **extra
+            )
+
+        if not standalone_mode:
+            return run()
+        try:
+            code = run()
+        except NoArgsIsHelpError as e:  # the help text is printed already
+            sys.exit(e.exit_code)
+        except clicks.ClickException as e:
+            ctx = getattr(e, "ctx", None)
+            where = f"{ctx.command_path}: " if ctx is not None else ""
+            hint = f" (see {ctx.command_path} --help)" if ctx is not None and isinstance(e, clicks.UsageError) else ""
+            error_line(f"{where}{e.format_message()}{hint}")
+            sys.exit(e.exit_code)
+        except typer.Abort:  # Ctrl-C outside a command (while parsing, importing, ...)
+            error_line("interrupted", label="interrupted")
+            sys.exit(130)
+        sys.exit(code if isinstance(code, int) else 0)
+
 
 app = typer.Typer(
     name="plamo2-tools",
@@ -38,15 +82,37 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    cls=OneLineErrors,
 )
 # Piped output (CI logs, files) gets wide tables instead of Rich's 80-column default.
 out = Console(width=None if sys.stdout.isatty() else 160)
 err = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
 F = TypeVar("F", bound=Callable[..., Any])
 
+# What an interrupted command leaves behind, per command (the function's name); `{out}` is its
+# output directory.  Commands not listed write nothing before they finish.
+INTERRUPTED = {
+    "convert": "{out} keeps the finished shard files and has no manifest yet; run the same convert again to resume",
+    "merge": "{out} is incomplete (no config.json yet); run the same merge again to redo it",
+    "synth": "{out} is incomplete; run the same synth again to redo it",
+    "demo": "{out} may hold unfinished layouts; run demo again to redo them",
+    "report": "the report may be incomplete; run report again",
+    "lm_eval_passthrough": "lm-eval's outputs may be incomplete",
+}
+# OS errors that are the machine's refusal rather than a bug of ours, wherever they surface.
+ENVIRONMENT_ERRNOS = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EMFILE,
+                      errno.ENFILE, errno.ENOMEM}  # fmt: skip
+
+
+def error_line(message: str, label: str = "error") -> None:
+    """One line on stderr, never wrapped, never read as Rich markup (messages hold [brackets])."""
+    err.print(f"[bold red]{label}:[/] {escape(message)}", highlight=False, soft_wrap=True)
+
 
 def handle_errors(fn: F) -> F:
-    """User errors -> one red line and their exit code; Ctrl-C/SIGTERM -> exit 130."""
+    """The one error path of every command: user and environment errors are one `error:` line with
+    their exit code (2 or 3); Ctrl-C or SIGTERM says what is left behind (130); anything else is a
+    bug: its traceback, then one line saying so and where to report it (exit 70)."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -54,27 +120,61 @@ def handle_errors(fn: F) -> F:
         try:
             return fn(*args, **kwargs)
         except Plamo2Error as e:
-            err.print(f"[bold red]error:[/] {e}", highlight=False, markup=True, soft_wrap=True)
+            error_line(str(e))
             raise typer.Exit(e.exit_code) from None
         except KeyboardInterrupt:
-            err.print("[bold red]interrupted[/]: unfinished output is left as *.partial / journal; run again to resume")
+            left = INTERRUPTED.get(fn.__name__, "nothing was written")
+            target = kwargs.get("out_dir") or kwargs.get("workdir") or "the output"
+            error_line(left.format(out=target), label="interrupted")
             raise typer.Exit(130) from None
+        except (typer.Exit, clicks.ClickException):
+            raise
+        except OSError as e:
+            if e.errno not in ENVIRONMENT_ERRNOS:
+                _bug(fn.__name__)
+            where = f"{e.filename}: " if e.filename else ""
+            error_line(f"{where}{e.strerror or e}")
+            raise typer.Exit(3) from None
+        except MemoryError:
+            error_line("out of memory")
+            raise typer.Exit(3) from None
+        except Exception as e:
+            if type(e).__name__ == "OutOfMemoryError":  # torch's, for CUDA and the CPU allocator
+                error_line(f"out of memory: {str(e).splitlines()[0] if str(e) else ''}")
+                raise typer.Exit(3) from None
+            _bug(fn.__name__)
 
     return wrapper  # type: ignore[return-value]
+
+
+def _bug(command: str) -> NoReturn:
+    traceback.print_exc()
+    name = command.removesuffix("_shards").removesuffix("_passthrough").replace("_", "-")
+    error_line(
+        f"plamo2-tools {__version__} `{name}` failed with the traceback above: this is a bug in plamo2-tools, "
+        f"not in your input; please report it to {REPORT_BUGS_TO}",
+        label="bug",
+    )
+    raise typer.Exit(BUG_EXIT_CODE) from None
 
 
 def _raise_interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        out.print(__version__, highlight=False)
+        raise typer.Exit(0)
+
+
 @app.callback()
 def main(
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log what happens step by step.")] = False,
-    version: Annotated[bool, typer.Option("--version", help="Print the version and exit.")] = False,
+    version: Annotated[
+        bool, typer.Option("--version", help="Print the version and exit.", callback=_print_version, is_eager=True)
+    ] = False,
 ) -> None:
-    if version:
-        out.print(__version__)
-        raise typer.Exit(0)
     logging.basicConfig(
         level=logging.INFO if verbose else logging.WARNING,
         format="%(message)s",
@@ -84,25 +184,35 @@ def main(
 
 class ByteProgress:
     """A Rich bytes-and-rate progress bar on stderr; callable with a byte count.  The total may
-    come later (convert knows it once its plan exists): call `start(total)` then."""
+    come later (convert knows it once its plan exists): call `start(total)` then.  The bar appears
+    with the first bytes, so that a refusal during the checks before any work stays the only line
+    on stderr."""
 
     def __init__(self, description: str, enabled: bool) -> None:
         self.description, self.enabled = description, enabled
         self.bar: Progress | None = None
         self.task: Any = None
+        self.total: int | None = None
+        self._lock = threading.Lock()  # convert reports from several threads
+
+    def columns(self) -> tuple[Any, ...]:
+        return (TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+                TimeRemainingColumn())  # fmt: skip
 
     def start(self, total: int) -> None:
-        if not self.enabled:
-            return
-        columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-                   TimeRemainingColumn())  # fmt: skip
-        self.bar = Progress(*columns, console=err)
-        self.bar.start()
-        self.task = self.bar.add_task(self.description, total=total)
+        self.total = total
 
     def __call__(self, n: int) -> None:
-        if self.bar is not None:
-            self.bar.advance(self.task, n)
+        if not self.enabled or self.total is None:
+            return
+        if self.bar is None:
+            with self._lock:
+                if self.bar is None:
+                    bar = Progress(*self.columns(), console=err)
+                    bar.start()
+                    self.task = bar.add_task(self.description, total=self.total)
+                    self.bar = bar
+        self.bar.advance(self.task, n)
 
     def stop(self) -> None:
         if self.bar is not None:
@@ -114,6 +224,24 @@ def byte_progress(description: str, total: int | None = None, enabled: bool = Tr
     progress = ByteProgress(description, enabled)
     if total is not None:
         progress.start(total)
+    try:
+        yield progress
+    finally:
+        progress.stop()
+
+
+class StepProgress(ByteProgress):
+    """The same bar counting steps (tokens, forwards) instead of bytes."""
+
+    def columns(self) -> tuple[Any, ...]:
+        return (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                TimeRemainingColumn())  # fmt: skip
+
+
+@contextmanager
+def step_progress(description: str, total: int, enabled: bool = True) -> Iterator[StepProgress]:
+    progress = StepProgress(description, enabled)
+    progress.start(total)
     try:
         yield progress
     finally:
@@ -133,6 +261,65 @@ def _int_list(text: str | None, what: str) -> list[int] | None:
         raise UserError(f"{what} must be comma-separated integers, got {text!r}") from None
 
 
+def check_output_file(path: Path, option: str) -> None:
+    """A file written when the work is done: refused now, not after it, when it cannot be written."""
+    if path.is_dir():
+        raise UserError(f"{option} {path}: is a directory, not a file")
+    parent = path.parent
+    if not parent.is_dir():
+        raise UserError(f"{option} {path}: the directory {parent} does not exist")
+    if not os.access(parent, os.W_OK):
+        raise EnvironmentLimitError(f"{option} {path}: cannot write in {parent} (permission denied or read-only)")
+
+
+def check_output_dir(path: Path, option: str) -> None:
+    """A directory created (if needed) when results are written: the nearest existing ancestor must
+    be a writable directory."""
+    for p in (path, *path.parents):
+        if p.exists():
+            if not p.is_dir():
+                raise UserError(f"{option} {path}: {p} is not a directory")
+            if not os.access(p, os.W_OK):
+                raise EnvironmentLimitError(f"{option} {path}: cannot write in {p} (permission denied or read-only)")
+            return
+
+
+def check_tokens(ids: list[int], cfg: Any, new_tokens: int, what: str) -> None:
+    """Token ids inside the vocabulary, and the sequence (with the tokens to generate) inside the
+    model's positions."""
+    bad = sorted({t for t in ids if not 0 <= t < cfg.vocab_size})
+    if bad:
+        raise UserError(f"{what}: token id(s) {bad[:5]} outside the vocabulary [0, {cfg.vocab_size})")
+    limit = cfg.max_position_embeddings
+    if len(ids) + new_tokens > limit:
+        extra = f" + {new_tokens} new tokens" if new_tokens else ""
+        raise UserError(f"{what}: {len(ids)} tokens{extra} exceed the model's limit of {limit} positions")
+
+
+def check_runtime_options(device: str, backend: str) -> None:
+    from .runtime.devices import check_backend, check_device
+
+    check_device(device)
+    check_backend(backend, device)
+
+
+def is_shard_dir(path: Path) -> bool:
+    """A shard directory, finished or not (an unfinished one is then refused with its own words)."""
+    from .shards.manifest import JOURNAL_NAME, MANIFEST_NAME
+
+    return (path / MANIFEST_NAME).exists() or (path / JOURNAL_NAME).exists()
+
+
+NoVerify = Annotated[
+    bool,
+    typer.Option(
+        "--no-verify",
+        help="Skip the digests of the shard files at load (headers, keys, shapes and dtypes are still "
+        "checked); for directories `check` has just passed.",
+    ),
+]
+
+
 # ---- synth -------------------------------------------------------------------------------------
 @app.command()
 @handle_errors
@@ -150,8 +337,8 @@ def synth(
     Real shapes (plamo-2-1b, plamo-2-8b) for benchmarks; tiny presets for tests.  Values keep the
     model numerically healthy, and a tokenizer that AutoTokenizer loads is included.
     """
-    from .synth import DTYPES, checkpoint_bytes, preset_config
-    from .synth import synth as run
+    from .model.synth import DTYPES, checkpoint_bytes, preset_config
+    from .model.synth import synth as run
 
     cfg = preset_config(preset, dtype)
     total = checkpoint_bytes(cfg, DTYPES[cfg.torch_dtype])
@@ -183,13 +370,13 @@ def inspect(
         print_json(info)
         return
     c = info["config"]
-    out.print(f"[bold]{info['path']}[/] ({'HF checkpoint' if info['kind'] == 'hf' else 'plamo2-tools shards'})")
+    out.print(f"[bold]{info['path']}[/] ({'HF checkpoint' if info['format'] == 'hf' else 'plamo2-tools shards'})")
     out.print(
         f"D={c['hidden_size']} L={c['num_hidden_layers']} Hq={c['num_attention_heads']} Hkv={c['num_key_value_heads']} "
         f"d={c['hidden_size_per_head']} Hm={c['mamba_num_heads']} N={c['mamba_d_state']} K={c['mamba_d_conv']} "
         f"F={c['intermediate_size']} V={c['vocab_size']} (padded {c['padded_vocab']}) I={c['mamba_inner']} "
         f"R={c['dt_rank']} tied={c['tie_word_embeddings']} rope_theta={c['rope_theta']:g} "
-        f"window={c['attention_window_size']}",
+        f"window={c['attention_window_size']} variant={c['variant']}",
         highlight=False,
     )
     out.print(
@@ -197,18 +384,24 @@ def inspect(
         + " ".join("M" if x["kind"] == "mamba" else "A" for x in info["layers"])
         + "  (M = Mamba, A = attention)"
     )
-    if info["kind"] == "hf":
+    for x in info["layers"]:
+        if x["kind"] == "attention":
+            window = "full causal" if x["window"] is None else f"window {x['window']}"
+            out.print(f"  layer {x['index']}: attention, {window}, RoPE base {x['rope_base']:g}", highlight=False)
+    if info["format"] == "hf":
         out.print(f"parameters: {info['parameters']:,} in {info['tensors']} tensors")
     else:
         m = info["mapping"]
         out.print(f"shards: tp={m['tp_size']} pp={m['pp_size']} stages={m['stages']} dtype={info['options']['dtype']}")
+        for line in info.get("vllm", []):
+            out.print(f"vLLM: {line}", highlight=False)
     out.print("bytes: " + ", ".join(f"{k} {v / 1e9:.3f} GB" for k, v in info["bytes_by_dtype"].items()))
     problems = info.get("inventory_problems") or []
     if problems:
         out.print(f"[red]inventory problems ({len(problems)}):[/]")
         for p in problems:
             out.print(f"  {p}", highlight=False)
-    elif info["kind"] == "hf":
+    elif info["format"] == "hf":
         out.print("inventory: [green]all tensors present with the expected shapes[/]")
     table = Table(title="possible splits")
     table.add_column("split")
@@ -232,35 +425,42 @@ def logits(
     precision: Annotated[str, typer.Option(help="Reference forward precision: float64 or float32.")] = "float64",
     backend: Annotated[str, typer.Option(help="Shards only: kernel backend auto, torch or triton.")] = "auto",
     device: Annotated[str, typer.Option(help="Shards only: cpu or cuda.")] = "cpu",
+    no_verify: NoVerify = False,
 ) -> None:
     """Logits of one token sequence, written as a float32 .npy array of shape (tokens, vocab)."""
     import numpy as np
     import torch
 
-    from .convert.manifest import MANIFEST_NAME
-
     ids = _int_list(input_ids, "--input-ids")
     if not ids:
         raise UserError("--input-ids needs at least one token id")
-    if (path / MANIFEST_NAME).exists():
+    check_output_file(out_file, "--out")
+    if is_shard_dir(path):
         from .runtime.engine import load_engine
+        from .shards.manifest import load_manifest
 
-        with load_engine(path, device=device, backend=backend) as engine:
+        check_runtime_options(device, backend)
+        check_tokens(ids, load_manifest(path).config, 0, "--input-ids")
+        with load_engine(path, device=device, backend=backend, verify_files=not no_verify) as engine:
             result = engine.prompt_logits([ids])[0]
             if not engine.is_main:  # under torchrun only rank 0 writes
                 return
     else:
-        from .checkpoint import HFCheckpoint
-        from .reference import reference_logits
+        from .model.checkpoint import HFCheckpoint
+        from .model.reference import reference_logits
+        from .shards.owned import ensure_readable_checkpoint
 
         dtypes = {"float64": torch.float64, "float32": torch.float32}
         if precision not in dtypes:
             raise UserError("--precision must be float64 or float32")
+        ensure_readable_checkpoint(path)
         with HFCheckpoint(path) as ckpt:
             ckpt.check_inventory()
+            check_tokens(ids, ckpt.config, 0, "--input-ids")
             result = reference_logits(ckpt, [ids], dtypes[precision])[0]
-    np.save(out_file, result.numpy())
-    err.print(f"wrote logits {tuple(result.shape)} to {out_file}")
+    with open(out_file, "wb") as f:  # a file object: np.save would append .npy to a bare name
+        np.save(f, result.numpy())
+    err.print(f"wrote logits {tuple(result.shape)} to {out_file}", highlight=False, markup=False)
 
 
 # ---- convert -----------------------------------------------------------------------------------
@@ -277,13 +477,31 @@ def convert(
     ] = None,
     max_part_size: Annotated[str, typer.Option(help="Largest file per rank, e.g. 5GiB, 500MB.")] = "5GiB",
     force: Annotated[bool, typer.Option(help="Replace a different completed conversion in OUT.")] = False,
+    copy: Annotated[
+        str,
+        typer.Option(
+            help="How verbatim bytes are copied: auto (in the kernel: copy_file_range, else sendfile, else user "
+            "space), or force copy_file_range, sendfile or user (pread/pwrite)."
+        ),
+    ] = "auto",
+    workers: Annotated[
+        int | None, typer.Option(help="Threads copying and hashing (default: one per core, 4 to 16).")
+    ] = None,
+    verify_blobs: Annotated[
+        bool,
+        typer.Option(
+            help="Check each Hugging Face cache blob's sha256 against its name (one extra sha256 pass over the "
+            "input, ~1.4 GB/s per file; docs/shard-format.md)."
+        ),
+    ] = True,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
     """Reshard a PLaMo 2 checkpoint into TP x PP shard files laid out as vLLM's Plamo2ForCausalLM
     holds them per rank (files model-rank-{r}-part-{n}.safetensors, r = pp_rank * tp + tp_rank).
 
-    Streams tensor by tensor with bounded memory, checksums every file and tensor, writes the
-    manifest plamo2_shards.json last, and resumes an interrupted run.
+    Copies in the kernel where bytes are verbatim, on all cores, with bounded memory; records an
+    XXH3-128 digest of every file and tensor; writes the manifest plamo2_shards.json last, and
+    resumes an interrupted run.
     """
     from .convert.engine import convert as run
     from .convert.plan import parse_size
@@ -292,9 +510,10 @@ def convert(
         result = run(
             src, out_dir, tp=tp, pp=pp, pp_layers=_int_list(pp_layers, "--pp-layers"), dtype=dtype,
             max_part_size=parse_size(max_part_size), force=force, progress=progress,
-            on_plan=lambda plan: progress.start(plan.payload_bytes),
+            on_plan=lambda plan: progress.start(plan.payload_bytes), copy=copy, workers=workers,
+            verify_blobs=verify_blobs,
         )  # fmt: skip
-    summary = _convert_summary(result)
+    summary = result.summary()
     if as_json:
         print_json(summary)
         return
@@ -319,32 +538,6 @@ def convert(
     )
 
 
-def _convert_summary(result: Any) -> dict[str, Any]:
-    plan = result.plan
-    m = plan.mapping
-    ranks = []
-    for r in range(m.world_size):
-        tp_rank, pp_rank = m.ranks(r)
-        files = [f for f in plan.files if f.rank == r]
-        start, stop = m.stages[pp_rank]
-        ranks.append({
-            "rank": r, "tp_rank": tp_rank, "pp_rank": pp_rank, "layers": f"{start}-{stop - 1}",
-            "files": len(files), "tensors": sum(len(f.tensors) for f in files),
-            "bytes": sum(f.layout.size for f in files),
-        })  # fmt: skip
-    return {
-        "status": result.status,
-        "out": str(result.out),
-        "tp": m.tp,
-        "pp": m.pp,
-        "seconds": result.seconds,
-        "bytes_total": plan.total_bytes,
-        "bytes_written": result.bytes_written,
-        "files_reused": result.files_reused,
-        "ranks": ranks,
-    }
-
-
 # ---- merge -------------------------------------------------------------------------------------
 @app.command()
 @handle_errors
@@ -352,7 +545,9 @@ def merge(
     shards: Annotated[Path, typer.Argument(help="A shard directory made by `plamo2-tools convert`.")],
     out_dir: Annotated[Path, typer.Argument(metavar="OUT", help="Where to write the HF checkpoint.")],
     max_part_size: Annotated[str, typer.Option(help="Largest output file, e.g. 5GiB, 500MB.")] = "5GiB",
-    force: Annotated[bool, typer.Option(help="Replace OUT if it exists and is not empty.")] = False,
+    force: Annotated[
+        bool, typer.Option(help="Write into a non-empty OUT, replacing what an earlier merge wrote (nothing else).")
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
     """Rebuild the Hugging Face checkpoint from shards (the inverse of convert).
@@ -391,9 +586,9 @@ def check(
 ) -> None:
     """Verify a shard directory without running the model: files, sizes and digests, headers and
     metadata, tensor digests, replicas, vocab padding and source coverage.  Exit 1 on a problem."""
-    from .convert.check import check_shards
-    from .convert.manifest import load_manifest
     from .errors import CheckFailed
+    from .shards.check import check_shards
+    from .shards.manifest import load_manifest
 
     total = sum(f["size"] for f in load_manifest(path).files.values())
     with byte_progress(f"check {path}", total, enabled=not as_json) as progress:
@@ -491,29 +686,40 @@ def verify(
         int | None, typer.Option(help="Prefill at most this many tokens per sequence per step.")
     ] = None,
     output: Annotated[Path | None, typer.Option(help="Also write the JSON result to this file.")] = None,
+    no_verify: NoVerify = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
     """Check converted shards by running them: runtime logits and greedy tokens against the reference
     forward of the original checkpoint, per layout.  Exit 1 when a layout fails its thresholds
     (fp32: max relative error < 1e-4 and identical greedy tokens; bf16/fp16: see the table)."""
     from .errors import CheckFailed
-    from .runtime.verify import prompts_from_file, random_prompts
+    from .model.config import Plamo2Config
+    from .runtime.devices import check_device
+    from .runtime.verify import prompts_from_file, random_prompts, verify_work
     from .runtime.verify import verify as run
+    from .shards.owned import ensure_readable_checkpoint
 
+    check_runtime_options(device, backend)
+    check_device(reference_device, "--reference-device")
+    if max_new_tokens < 1 or random < 1:
+        raise UserError("--max-new-tokens and --random must be >= 1")
+    if output is not None:
+        check_output_file(output, "--output")
+    ensure_readable_checkpoint(reference)
+    cfg = Plamo2Config.from_file(reference)
     if prompts is not None:
         prompt_ids, source = prompts_from_file(prompts, reference), str(prompts)
     else:
-        from .config import Plamo2Config
-
-        cfg = Plamo2Config.from_file(reference)
         prompt_ids, source = (
             random_prompts(random, cfg.vocab_size, seed, cfg.bos_token_id),
             f"random(n={random}, seed={seed})",
         )
-    with err.status(f"verifying {len(shards)} layout(s) on {len(prompt_ids)} prompts ..."):
+    for i, ids in enumerate(prompt_ids):
+        check_tokens(ids, cfg, max_new_tokens, f"prompt {i + 1}")
+    with step_progress("verify", verify_work(len(shards), max_new_tokens), enabled=not as_json) as progress:
         result = run(
             shards, reference, prompt_ids, source, max_new_tokens, launch, device, backend, precision, prefill_chunk,
-            reference_device,
+            reference_device, verify_files=not no_verify, progress=progress,
         )  # fmt: skip
     if output is not None:
         output.write_text(json.dumps(result, indent=2) + "\n")
@@ -539,6 +745,10 @@ def generate(
     trust_remote_code: Annotated[
         bool, typer.Option(help="Allow the checkpoint's own tokenizer code (the real PLaMo 2 tokenizer).")
     ] = False,
+    no_verify: NoVerify = False,
+    cuda_graph: Annotated[
+        bool, typer.Option("--cuda-graph/--no-cuda-graph", help="CUDA: replay decode steps from CUDA graphs.")
+    ] = True,
     as_json: Annotated[
         bool, typer.Option("--json", help="Print the result as JSON instead of streaming text.")
     ] = False,
@@ -551,10 +761,28 @@ def generate(
     import time
 
     from .runtime.engine import Runtime, load_tokenizer
+    from .shards.manifest import load_manifest
 
-    with Runtime(shards, device=device, backend=backend) as rt:
-        tok = load_tokenizer(shards, trust_remote_code=trust_remote_code)
-        ids = list(tok(prompt)["input_ids"])
+    if temperature < 0:
+        raise UserError(f"--temperature {temperature:g}: must be >= 0 (0 = greedy)")
+    if not 0 < top_p <= 1:
+        raise UserError(f"--top-p {top_p:g}: must be in (0, 1]")
+    if max_new_tokens < 1:
+        raise UserError(f"--max-new-tokens {max_new_tokens}: must be >= 1")
+    check_runtime_options(device, backend)
+    cfg = load_manifest(shards).config
+    tok = load_tokenizer(shards, trust_remote_code=trust_remote_code)
+    ids = list(tok(prompt)["input_ids"])
+    if not ids:
+        raise UserError("--prompt: the prompt has no tokens")
+    check_tokens(ids, cfg, max_new_tokens, "--prompt")
+    # Streamed text is its own progress on a terminal; a bar when nothing streams there (rank 0's only).
+    show = (as_json or not sys.stdout.isatty()) and os.environ.get("RANK", "0") == "0"
+    bar = step_progress("generate", max_new_tokens, enabled=show)
+    with (
+        Runtime(shards, device=device, backend=backend, verify_files=not no_verify, cuda_graph=cuda_graph) as rt,
+        bar as progress,
+    ):
         eos = set(rt.config.eos_token_ids) | ({tok.eos_token_id} if tok.eos_token_id is not None else set())
         printed = ""
         new: list[int] = []
@@ -562,6 +790,7 @@ def generate(
         def stream(i: int, token: int) -> None:
             nonlocal printed
             new.append(token)
+            progress(1)
             text = tok.decode(new, skip_special_tokens=False)
             if rt.is_main and not as_json and not text.endswith("\ufffd"):  # wait for whole UTF-8 characters
                 sys.stdout.write(text[len(printed) :])
@@ -608,6 +837,21 @@ def _parse_limit(text: str | None) -> int | float | None:
     return int(value) if value >= 1 and value.is_integer() else value
 
 
+def _check_eval_numbers(
+    batch_size: int, max_gen_toks: int, max_length: int | None, num_fewshot: int | None, bootstrap_iters: int
+) -> None:
+    if batch_size < 1:
+        raise UserError(f"--batch-size {batch_size}: must be >= 1")
+    if max_gen_toks < 1:
+        raise UserError(f"--max-gen-toks {max_gen_toks}: must be >= 1")
+    if max_length is not None and max_length <= max_gen_toks:
+        raise UserError(f"--max-length {max_length}: must exceed --max-gen-toks ({max_gen_toks})")
+    if num_fewshot is not None and num_fewshot < 0:
+        raise UserError(f"--num-fewshot {num_fewshot}: must be >= 0")
+    if bootstrap_iters < 0:
+        raise UserError(f"--bootstrap-iters {bootstrap_iters}: must be >= 0")
+
+
 @app.command("eval")
 @handle_errors
 def eval_shards(
@@ -627,6 +871,7 @@ def eval_shards(
     allow_unverified_data: Annotated[bool, typer.Option(help="Accept non-official GSM8K files.")] = False,
     bootstrap_iters: Annotated[int, typer.Option(help="Bootstrap iterations for stderrs (0: none).")] = 100_000,
     log_samples: Annotated[bool, typer.Option(help="Write per-sample logs (needs --output-path).")] = True,
+    no_verify: NoVerify = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print a JSON summary instead of the table.")] = False,
 ) -> None:
     """Score a shard directory on GSM8K with lm-eval's own task, offline, from local data files.
@@ -638,19 +883,35 @@ def eval_shards(
     """
     from .eval.gsm8k_task import load_gsm8k_data
     from .eval.harness import EvalRequest, check_tasks, run_eval
+    from .shards.integrity import verify_rank_files
+    from .shards.manifest import load_manifest
 
     task_list = [t.strip() for t in tasks.split(",") if t.strip()]
     check_tasks(task_list)
+    check_runtime_options(device, backend)
+    _check_eval_numbers(batch_size, max_gen_toks, max_length, num_fewshot, bootstrap_iters)
+    parsed_limit = _parse_limit(limit)
+    if output_path is not None:
+        check_output_dir(output_path, "--output-path")
+    manifest = load_manifest(shards)  # refuses a directory being written or unfinished
+    positions = manifest.config.max_position_embeddings
+    if max_length is not None and max_length > positions:
+        raise UserError(f"--max-length {max_length}: the model has {positions} positions")
+    # The shard files against their manifest, here and once (the runtime then skips the digests).
+    verify_rank_files(manifest, range(manifest.mapping.world_size), digests=not no_verify)
     data = load_gsm8k_data(gsm8k_dir, allow_unverified=allow_unverified_data)
     if not data.verified:
         err.print("[yellow]warning:[/] not the official GSM8K files; scores do not compare with published numbers")
     request = EvalRequest(
-        shards=str(shards), data=data.to_dict(), tasks=task_list, num_fewshot=num_fewshot, limit=_parse_limit(limit),
+        shards=str(shards), data=data.to_dict(), tasks=task_list, num_fewshot=num_fewshot, limit=parsed_limit,
         batch_size=batch_size, output_path=str(output_path) if output_path else None, device=device, backend=backend,
         max_gen_toks=max_gen_toks, max_length=max_length, trust_remote_code=trust_remote_code,
         bootstrap_iters=bootstrap_iters, log_samples=log_samples and output_path is not None,
+        verify_files=False,
     )  # fmt: skip
     outcome = run_eval(request, launch=launch)
+    if outcome is None:  # a torchrun rank other than the first: rank 0 prints and writes
+        return
     if as_json:
         print_json(outcome.summary())
         return
@@ -660,6 +921,29 @@ def eval_shards(
         out.print(f"{name}: {path}", highlight=False, markup=False, soft_wrap=True)
     mode = "torchrun ranks" if launch else "in-process ranks"
     out.print(f"done in {outcome.wall_seconds:.1f} s ({mode})", highlight=False)
+
+
+@app.command("gsm8k-task")
+@handle_errors
+def gsm8k_task(
+    out_dir: Annotated[Path, typer.Argument(metavar="DIR", help="Where to write gsm8k.yaml (created if missing).")],
+    gsm8k_dir: Annotated[Path | None, typer.Option(help="Holds train/test.jsonl (default: $PLAMO2_GSM8K_DIR).")] = None,
+    allow_unverified_data: Annotated[bool, typer.Option(help="Accept non-official GSM8K files.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
+) -> None:
+    """Write DIR/gsm8k.yaml for lm-eval's own CLI: lm-eval's gsm8k task (v3) with the dataset pointed
+    at local GSM8K files, the same task `plamo2-tools eval` runs.  Then:
+    plamo2-tools lm-eval run --model plamo2 --model_args pretrained=SHARDS --tasks gsm8k --include_path DIR
+    """
+    from .eval.gsm8k_task import load_gsm8k_data, write_task_yaml
+
+    check_output_dir(out_dir, "DIR")
+    data = load_gsm8k_data(gsm8k_dir, allow_unverified=allow_unverified_data)
+    path = write_task_yaml(data, out_dir)
+    if as_json:
+        print_json({"path": str(path), "data": data.to_dict()})
+    else:
+        out.print(f"wrote {path}; use it with --tasks gsm8k --include_path {out_dir}", highlight=False, markup=False)
 
 
 # ---- lm-eval -----------------------------------------------------------------------------------
@@ -694,8 +978,9 @@ def report(
     TP x PP layouts, next to the published vLLM reference), verify results, convert and kernel
     benchmarks, and convert / check / inspect --json output.
 
-    Files are recognised by content; unknown JSON is skipped with a note.  Exit 2 when nothing
-    usable is found.  The page is deterministic except its 'generated' line (--no-timestamp).
+    Our files are recognised by their "kind" and "schema_version", lm-eval's results by their
+    structure; anything else (or a version this plamo2-tools does not read) is skipped with a
+    note.  Exit 2 when nothing usable is found.  The page is deterministic except its 'generated' line (--no-timestamp).
     """
     from rich.markup import escape
 
@@ -716,6 +1001,32 @@ def report(
     skipped = f", skipped {len(result.skipped)} unrecognised or duplicate file(s)" if result.skipped else ""
     out.print(f"wrote {out_file} and {len(result.plots)} plot(s) from {len(result.docs)} file(s){skipped}",
               highlight=False, markup=False)  # fmt: skip
+
+
+# ---- tokenize ----------------------------------------------------------------------------------
+@app.command()
+@handle_errors
+def tokenize(
+    path: Annotated[Path, typer.Argument(help="A checkpoint or shard directory.")],
+    input_file: Annotated[
+        Path | None, typer.Option("--input", help="Read this file instead of stdin: one JSON string per line.")
+    ] = None,
+    out_file: Annotated[Path | None, typer.Option("--out", help="Write this file instead of stdout.")] = None,
+    decode: Annotated[bool, typer.Option("--decode", help="The reverse: JSON id arrays in, JSON strings out.")] = False,
+    skip_special_tokens: Annotated[bool, typer.Option(help="With --decode: leave BOS/EOS/pad/unk out.")] = False,
+    trust_remote_code: Annotated[
+        bool, typer.Option(help="Run the checkpoint's own tokenizer code instead of the native PLaMo tokenizer.")
+    ] = False,
+) -> None:
+    """Token ids of texts with the directory's tokenizer: one JSON string per input line, one JSON
+    array of ids per output line (tokenizer(text)["input_ids"], so BOS as add_bos_token says).
+
+    A directory with PLaMo's tokenizer.jsonl is read natively (no remote code, no numba); remote
+    code runs only with --trust-remote-code.  Blank lines are skipped.  Exit 2 on bad input.
+    """
+    from .tokenizer.cli_io import run_tokenize
+
+    run_tokenize(path, input_file, out_file, decode, skip_special_tokens, trust_remote_code)
 
 
 if __name__ == "__main__":  # pragma: no cover

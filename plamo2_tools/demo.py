@@ -6,10 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .convert.check import check_shards
 from .convert.engine import convert
+from .model.synth import preset_config, synth
 from .runtime.verify import random_prompts, verify
-from .synth import preset_config, synth
+from .shards.check import check_shards
 
 DEFAULT_LAYOUTS = ((1, 1), (2, 1), (2, 2))
 

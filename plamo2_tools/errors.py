@@ -4,11 +4,17 @@ Exit codes used by every command:
   0  success
   1  a check ran and found a problem (verify mismatch, `check` failure)
   2  bad input or usage (config, tensors, split, existing output, ...)
-  3  the environment refused (disk full, permissions, ...)
-  130 interrupted (Ctrl-C)
+  3  the environment refused (disk full, permissions, no GPU, another run writing the output, ...)
+  70 a bug in plamo2-tools: the only case that prints a traceback (the CLI says so and where to
+     report it); 70 is sysexits' EX_SOFTWARE, kept apart from 1, which means "a check found a difference"
+  130 interrupted (Ctrl-C, SIGTERM)
 """
 
 from __future__ import annotations
+
+BUG_EXIT_CODE = 70
+# Where the crash line sends people; one place to change when the tracker moves.
+REPORT_BUGS_TO = "the plamo2-tools issue tracker (with the command line, `plamo2-tools --version` and the traceback)"
 
 
 class Plamo2Error(Exception):
@@ -45,7 +51,22 @@ class EnvironmentLimitError(Plamo2Error):
     exit_code = 3
 
 
+class OutputBusyError(EnvironmentLimitError):
+    """Another process holds the output lock of a directory (shards/lock.py): a second writer, or
+    a reader of a directory that is still being written."""
+
+
 class CheckFailed(Plamo2Error):
     """A verification ran to the end and found a difference."""
 
     exit_code = 1
+
+
+def human_bytes(n: float) -> str:
+    """1234 -> '1.23 kB', 5.2e9 -> '5.20 GB': sizes in messages stay readable (and never round a
+    small but real size to '0.00 GB')."""
+    units = ("B", "kB", "MB", "GB", "TB")
+    i = 0
+    while abs(n) >= 1000 and i < len(units) - 1:
+        n, i = n / 1000, i + 1
+    return f"{n:.0f} B" if i == 0 else f"{n:.2f} {units[i]}"

@@ -3,9 +3,9 @@ writer that lays the header out first and fills payloads in place.
 
 Why our own reader/writer next to the `safetensors` package: `save_file` needs every tensor of a
 file in memory at once and `safe_open` mmaps whole files, while convert must read row ranges and
-write every rank's slice with memory bounded by one chunk (conversion-notes.md section 3).  Every
-file we write is re-opened with `safetensors.safe_open` in the tests, so the library stays the
-judge of the format.
+write every rank's slice with memory bounded by one chunk (docs/shard-format.md, "Writing, the
+journal and resume").  Every file we write is re-opened with `safetensors.safe_open` in the tests,
+so the library stays the judge of the format.
 """
 
 from __future__ import annotations
@@ -20,28 +20,12 @@ from pathlib import Path
 
 import torch
 
+from .dtypes import SAFETENSORS_DTYPES as DTYPES
+from .dtypes import SAFETENSORS_NAMES as DTYPE_NAMES
+from .dtypes import element_size as dtype_size
 from .errors import CheckpointError, EnvironmentLimitError
 
-DTYPES: dict[str, torch.dtype] = {
-    "F64": torch.float64,
-    "F32": torch.float32,
-    "F16": torch.float16,
-    "BF16": torch.bfloat16,
-    "I64": torch.int64,
-    "I32": torch.int32,
-    "I16": torch.int16,
-    "I8": torch.int8,
-    "U8": torch.uint8,
-    "BOOL": torch.bool,
-    "F8_E4M3": torch.float8_e4m3fn,
-    "F8_E5M2": torch.float8_e5m2,
-}
-DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
 MAX_HEADER_BYTES = 100_000_000  # the safetensors library's own limit
-
-
-def dtype_size(dtype: torch.dtype) -> int:
-    return torch.empty((), dtype=dtype).element_size()
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@
 import os
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -47,3 +48,24 @@ def cli() -> Cli:
         return result
 
     return run
+
+
+OneLineError = Callable[..., str]
+
+
+@pytest.fixture(scope="session")
+def one_line_error() -> OneLineError:
+    """The contract of every refusal (issue 14): the expected exit code, exactly one non-empty line
+    on stderr starting with `error:` (or `prefix`), no traceback anywhere.  Returns the line.
+    Takes a CliRunner result or a subprocess.CompletedProcess (text mode)."""
+
+    def check(r: Any, code: int, prefix: str = "error:") -> str:
+        exit_code = getattr(r, "exit_code", getattr(r, "returncode", None))
+        lines = [line for line in r.stderr.splitlines() if line.strip()]
+        assert exit_code == code, f"exit {exit_code}, expected {code}\nstderr: {r.stderr}\nstdout: {r.stdout}"
+        assert len(lines) == 1, f"expected one line on stderr, got {len(lines)}:\n{r.stderr}"
+        assert lines[0].startswith(prefix), lines[0]
+        assert "Traceback" not in r.stderr + r.stdout
+        return lines[0]
+
+    return check

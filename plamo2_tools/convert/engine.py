@@ -1,14 +1,15 @@
-"""Run a conversion plan: stream every source tensor once per output unit, in row chunks, writing
-each rank's pieces straight to their planned byte offsets.
+"""Run a conversion plan: every output tensor is one job on a pool of threads that copies its
+bytes to their planned offsets (inside the kernel where they are verbatim source bytes, see
+writer.py) and hashes them on the way; a file is finished when its tensors are.
 
-Safety: files are written as `*.partial` and renamed after fsync and hashing; a journal records
-finished files, so a killed run resumes and keeps what verifies; the manifest is written last.
-Memory: one chunk of one source tensor (CHUNK_BYTES) plus its transformed copy.
+Safety: files are written as `*.partial` and renamed after fsync; a journal records finished files
+with their digests, so a killed run resumes and keeps what still verifies; the manifest is
+written last.  Memory: each worker holds at most a window or a chunk (writer.py), whatever the
+size of the model.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -17,25 +18,42 @@ import shutil
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from .. import __version__
-from ..digest import HashWorker, StreamDigest, sha256_file
-from ..errors import CheckpointError, EnvironmentLimitError, OutputExistsError, UserError
-from ..safetensors_io import PartialFile, atomic_write_text, fsync_dir, tensor_bytes
-from .layout import OutputTensor, apply_transforms
-from .manifest import FORMAT, FORMAT_VERSION, JOURNAL_NAME, MANIFEST_NAME, dtype_name, tensor_record
-from .plan import FilePlan, Plan, canonical_order, make_plan, output_path_problems
+from ..digest import SHA256, hash_range, mapped_windows, new_hash
+from ..dtypes import dtype_name
+from ..errors import CheckpointError, EnvironmentLimitError, OutputExistsError, UserError, human_bytes
+from ..outputs import refuse_foreign, remove_outputs
+from ..safetensors_io import PartialFile, atomic_write_text, fsync_dir, read_header
+from ..shards.lock import OutputLock, ensure_not_being_written
+from ..shards.manifest import (
+    HASH,
+    JOURNAL_NAME,
+    MANIFEST_NAME,
+    build_manifest,
+    combine_file_digest,
+    config_sha256,
+    file_digests,
+    header_bytes,
+    write_manifest,
+)
+from ..shards.owned import convert_outputs
+from .plan import FilePlan, Plan, make_plan, output_path_problems
 from .sources import ShardSource, Source, open_source, side_files
+from .writer import CHUNK_BYTES, COPY_MODES, Cancelled, Job, Writer, default_workers, segments
 
 log = logging.getLogger("plamo2_tools.convert")
-CHUNK_BYTES = 8 * 2**20  # small enough to stay in the heap (no page faults) and in cache for hashing
+__all__ = ["CHUNK_BYTES", "COPY_MODES", "ConvertResult", "convert", "plan_only"]
 Progress = Callable[[int], None]
+# `convert --json` (ConvertResult.summary): `plamo2-tools report` recognises it by this kind and
+# version.  Bump the version when a field changes meaning or goes away (adding one is compatible).
+CONVERT_KIND = "plamo2-convert"
+CONVERT_SCHEMA_VERSION = 1
 
 
 @dataclass
@@ -47,6 +65,35 @@ class ConvertResult:
     bytes_written: int
     files_reused: list[str] = field(default_factory=list)
     manifest: dict[str, Any] = field(default_factory=dict)
+    copy: dict[str, Any] = field(default_factory=dict)  # mode, workers, bytes by how they were made
+
+    def summary(self) -> dict[str, Any]:
+        """What `convert --json` prints: the run's outcome and, per rank, its layers, files and bytes."""
+        m = self.plan.mapping
+        ranks = []
+        for r in range(m.world_size):
+            tp_rank, pp_rank = m.ranks(r)
+            files = [f for f in self.plan.files if f.rank == r]
+            start, stop = m.stages[pp_rank]
+            ranks.append({
+                "rank": r, "tp_rank": tp_rank, "pp_rank": pp_rank, "layers": f"{start}-{stop - 1}",
+                "files": len(files), "tensors": sum(len(f.tensors) for f in files),
+                "bytes": sum(f.layout.size for f in files),
+            })  # fmt: skip
+        return {
+            "kind": CONVERT_KIND,
+            "schema_version": CONVERT_SCHEMA_VERSION,
+            "status": self.status,
+            "out": str(self.out),
+            "tp": m.tp,
+            "pp": m.pp,
+            "seconds": self.seconds,
+            "bytes_total": self.plan.total_bytes,
+            "bytes_written": self.bytes_written,
+            "files_reused": self.files_reused,
+            "copy": self.copy,
+            "ranks": ranks,
+        }
 
 
 class Journal:
@@ -68,8 +115,10 @@ class Journal:
             return None
         return {r["file"]: r for r in records if "file" in r}
 
-    def start(self, fingerprint: str) -> None:
-        atomic_write_text(self.path, json.dumps({"fingerprint": fingerprint}) + "\n")
+    def start(self, fingerprint: str, writes: list[str]) -> None:
+        """`writes`: every file this run may create, so that a later run (or --force) removes
+        exactly those and nothing of the user's (shards/owned.py)."""
+        atomic_write_text(self.path, json.dumps({"fingerprint": fingerprint, "writes": writes}) + "\n")
 
     def append(self, record: dict[str, Any]) -> None:
         try:
@@ -82,17 +131,20 @@ class Journal:
 
 
 def _clear_outputs(out: Path) -> None:
-    """Remove what a previous conversion of ours left (manifest first: never look complete)."""
-    (out / MANIFEST_NAME).unlink(missing_ok=True)
-    for p in out.iterdir():
-        if p.name.startswith("model-rank-") or p.name.endswith((".partial", ".tmp")):
-            p.unlink()
+    """Remove what earlier conversions of ours wrote, as their manifest and journal list it, and
+    nothing else (manifest first: never look complete; journal last: it is the record)."""
+    remove_outputs(out, convert_outputs(out) | {MANIFEST_NAME}, first=MANIFEST_NAME)
     (out / JOURNAL_NAME).unlink(missing_ok=True)
 
 
-def _prepare_output(out: Path, plan: Plan, force: bool) -> dict[str, dict[str, Any]]:
-    """Decide fresh / resume / up-to-date / refuse.  Returns journal records worth reusing."""
-    make_output_dir(out)
+def _writes(source: Source, plan: Plan) -> list[str]:
+    """Every file a conversion may create in OUT: shard files, copied side files, the manifest."""
+    return [f.name for f in plan.files] + [p.name for p in side_files(source.path)] + [MANIFEST_NAME]
+
+
+def _prepare_output(out: Path, plan: Plan, force: bool, writes: list[str]) -> dict[str, dict[str, Any]]:
+    """Decide fresh / resume / up-to-date / refuse.  Returns journal records worth reusing.
+    The caller holds OUT's lock."""
     manifest = out / MANIFEST_NAME
     journal = Journal(out / JOURNAL_NAME)
     if manifest.exists():
@@ -116,109 +168,84 @@ def _prepare_output(out: Path, plan: Plan, force: bool) -> dict[str, dict[str, A
         if ours:
             log.info("discarding an unfinished conversion with different inputs or options")
         _clear_outputs(out)
-        journal.start(plan.fingerprint)
+        refuse_foreign(out, writes)  # what is left in the way is someone else's
+        journal.start(plan.fingerprint, writes)
         return {}
-    for p in out.glob("*.partial"):
-        p.unlink()
+    for name in writes:  # unfinished files of the interrupted run (ours: its journal lists them)
+        (out / f"{name}.partial").unlink(missing_ok=True)
     return records
 
 
-def _verified(out: Path, f: FilePlan, records: dict[str, dict[str, Any]]) -> bool:
-    """A file finished by an earlier run: journaled, present, right size, digest matches."""
+def _verified(out: Path, f: FilePlan, records: dict[str, dict[str, Any]], pool: ThreadPoolExecutor) -> bool:
+    """A file finished by an earlier run: journaled, present, right size, and its digest, computed
+    again now from what is on disk, is the journaled one."""
     rec = records.get(f.name)
     path = out / f.name
     if rec is None or not path.is_file() or path.stat().st_size != f.layout.size:
         return False
-    if sha256_file(path)[0] != rec["sha256"]:
+    try:
+        digest = file_digests(path, pool=pool)[0]
+    except (CheckpointError, OSError):  # not even a safetensors file any more
+        digest = None
+    if digest != rec.get("digest"):
         log.warning("%s: digest differs from the journal; rewriting it", f.name)
         return False
     return True
 
 
-def _write_tensor_chunk(part: PartialFile, t: OutputTensor, chunk: torch.Tensor, a: int, b: int, last: bool) -> int:
-    """Write the part of output tensor t that source rows [a, b) feed.  Returns bytes written.
-
-    Writes land in increasing offsets within t (padding with the last chunk, after the real rows),
-    except for interleaved pieces spread over several chunks, where the stream hash gives up."""
-    base = part.layout.offsets[t.key]
-    row_bytes = part.layout.nbytes[t.key] // t.shape[0]
-    row, written = 0, 0
-    for p in t.pieces:
-        if p.source is None:  # zero padding rows, written once
-            if last:
-                zeros = torch.zeros((p.length, *t.shape[1:]), dtype=t.dtype)
-                part.write_at(base + row * row_bytes, tensor_bytes(zeros))
-                written += zeros.numel() * zeros.element_size()
-            row += p.length
-        elif p.dim == 0:
-            lo, hi = max(a, p.start), min(b, p.start + p.length)
-            if lo < hi:
-                data = tensor_bytes(apply_transforms(chunk[lo - a : hi - a], t.transforms, t.dtype))
-                part.write_at(base + (row + lo - p.start) * row_bytes, data)
-                written += len(data)
-            row += p.length
-        else:  # column slice of every row: output rows follow source rows
-            data = tensor_bytes(apply_transforms(chunk[:, p.start : p.start + p.length], t.transforms, t.dtype))
-            part.write_at(base + a * row_bytes, data)
-            written += len(data)
-            row += t.shape[0]
-    return written
+def _jobs(writer: Writer, unit: list[FilePlan], parts: dict[str, PartialFile]) -> list[tuple[str, Job]]:
+    """The unit's tensors as jobs, the TP ranks' i-th tensors next to each other: they cut the
+    same source tensor, so the source is read front to back once for all of them."""
+    per_file = [[(f.name, Job(parts[f.name], t, f.layout.offsets[t.key], segments(t, writer.source)))
+                 for t in sorted(f.tensors, key=lambda t: f.layout.offsets[t.key])] for f in unit]  # fmt: skip
+    ordered: list[tuple[str, Job]] = []
+    for i in range(max(map(len, per_file))):
+        ordered += [jobs[i] for jobs in per_file if i < len(jobs)]
+    return ordered
 
 
-def stream_order(source: Source, tensors: list[OutputTensor]) -> list[str]:
-    """The order sources are streamed in, which is also the byte order of every output file
-    (plan.make_plan lays files out the same way): wider output dtypes first, then read order."""
-    width = {t.source: t.dtype.itemsize for t in tensors}
-    order = canonical_order(source.config)
-    return sorted(width, key=lambda n: (-width[n], order[n]))
+def _stream_unit(
+    writer: Writer,
+    pool: ThreadPoolExecutor,
+    unit: list[FilePlan],
+    parts: dict[str, PartialFile],
+    inputs: _InputDigests | None,
+) -> dict[str, dict[str, str]]:
+    """Write the files of one unit; returns {file: {tensor key: digest}}.  Each source tensor's
+    input digest is queued right behind the last job that copies from it, so that it hashes
+    bytes the copies have just brought into the page cache."""
+    jobs = _jobs(writer, unit, parts)
+    last = {job.tensor.source: i for i, (_, job) in enumerate(jobs)}
+    futures: list[Future] = []
+    try:
+        for i, (_, job) in enumerate(jobs):
+            futures.append(pool.submit(writer.run, job))
+            if inputs is not None and last[job.tensor.source] == i:
+                inputs.hash_tensors([job.tensor.source])
+        done, _ = wait(futures, return_when="FIRST_EXCEPTION")
+        failed = [f.exception() for f in done if f.exception() is not None]
+        if failed:
+            raise next((e for e in failed if not isinstance(e, Cancelled)), failed[0])  # type: ignore[misc]
+    except BaseException:  # a failed job, or an interrupt: stop every job before the files go
+        writer.cancel.set()
+        for f in futures:
+            f.cancel()
+        wait(futures)  # none may still write into a file the caller is about to remove
+        raise
+    digests: dict[str, dict[str, str]] = {f.name: {} for f in unit}
+    for (name, job), fut in zip(jobs, futures, strict=True):
+        digests[name][job.tensor.key] = fut.result()
+    return digests
 
 
-def _stream_unit(source: Source, unit: list[FilePlan], parts: dict[str, PartialFile], progress: Progress | None) -> int:
-    targets: dict[str, list[tuple[PartialFile, OutputTensor]]] = {}
-    for f in unit:
-        for t in f.tensors:
-            targets.setdefault(t.source, []).append((parts[f.name], t))
-    written = 0
-    for name in stream_order(source, [t for f in unit for t in f.tensors]):
-        st = source.tensors[name]
-        step = max(1, CHUNK_BYTES // max(1, st.row_bytes))
-        for a in range(0, st.rows, step):
-            b = min(a + step, st.rows)
-            chunk = source.read_rows(name, a, b)
-            for part, t in targets[name]:
-                n = _write_tensor_chunk(part, t, chunk, a, b, last=b == st.rows)
-                written += n
-                if progress:
-                    progress(n)
-    return written
-
-
-@dataclass
-class _Hashing:
-    """The two stream digests of one output file: whole file and per tensor, each fed by its own
-    thread so the hashing of both runs beside the copying."""
-
-    whole: StreamDigest
-    tensors: StreamDigest
-
-    @classmethod
-    def of(cls, f: FilePlan) -> _Hashing:
-        ranges = {k: (off, off + f.layout.nbytes[k]) for k, off in f.layout.offsets.items()}
-        return cls(StreamDigest(f.layout.size, {}), StreamDigest(f.layout.size, ranges, whole=False))
-
-
-def _finish_file(part: PartialFile, f: FilePlan, hashing: _Hashing, journal: Journal) -> dict[str, Any]:
-    """fsync, take the stream digests (or hash what is on disk if the stream was out of order),
-    rename into place, journal.  Runs in a worker thread."""
+def _finish_file(part: PartialFile, f: FilePlan, tensor_digests: dict[str, str], journal: Journal) -> dict[str, Any]:
+    """fsync, rename into place, journal (with the file digest made from the tensor digests).
+    Runs in a worker thread."""
     part.sync()
-    whole, tensors = hashing.whole.result(), hashing.tensors.result()
-    if whole is None or tensors is None:
-        ranges = {k: (off, off + part.layout.nbytes[k]) for k, off in part.layout.offsets.items()}
-        digest, tensor_digests = sha256_file(part.partial, ranges)
-    else:
-        digest, tensor_digests = whole[0], tensors[1]
+    order = sorted(tensor_digests, key=lambda k: f.layout.offsets[k])
+    digest = combine_file_digest(f.layout.header, [tensor_digests[k] for k in order])
     part.commit()
-    record = {"file": f.name, "size": f.layout.size, "sha256": digest, "tensors": tensor_digests}
+    record = {"file": f.name, "size": f.layout.size, "digest": digest, "tensors": tensor_digests}
     journal.append(record)
     return record
 
@@ -233,20 +260,76 @@ def _copy_side_files(source: Source, out: Path) -> list[str]:
     return copied
 
 
-def _input_digests(files: list[Path]) -> dict[str, dict[str, Any]]:
-    """sha256 of every input file.  A file in a Hugging Face cache is a link to a blob named by
-    its sha256: a different digest means a damaged download, and nothing may vouch for it."""
-    digests = {}
-    for p in files:
-        digest = sha256_file(p)[0]
-        blob = p.resolve().name
-        if re.fullmatch(r"[0-9a-f]{64}", blob) and blob != digest:
-            raise CheckpointError(
-                f"{p}: content sha256 {digest[:12]}... differs from its Hugging Face cache blob name "
-                f"{blob[:12]}... (damaged download?)"
-            )
-        digests[p.name] = {"size": p.stat().st_size, "sha256": digest}
-    return digests
+_BLOB = re.compile(r"[0-9a-f]{64}")
+
+
+class _InputDigests:
+    """Our record of the input files: {name: {size, digest[, sha256]}}.  The digest is format 2's
+    file digest (header + tensor digests), its tensors hashed as jobs on the pool right after
+    the jobs that copy them, so they come out of the page cache the copies have just filled.
+
+    A file in a Hugging Face cache is a link to a blob named by its sha256; with `verify_blobs`
+    that sha256 is computed (one sequential pass per file, started first so it overlaps with
+    everything else) and a mismatch, a damaged download, stops the conversion before a manifest
+    can vouch for it."""
+
+    def __init__(self, source: Source, pool: ThreadPoolExecutor, verify_blobs: bool, cancel: threading.Event) -> None:
+        self.pool = pool
+        self.cancel = cancel
+        self.files = {p.name: p for p in source.input_files()}
+        self.headers = {name: read_header(p) for name, p in self.files.items()}
+        self.file_of = {t: name for name, h in self.headers.items() for t in h.tensors}
+        self.tensors: dict[str, Future] = {}
+        self.blobs = {
+            name: pool.submit(self._sha256, p)
+            for name, p in self.files.items()
+            if verify_blobs and _BLOB.fullmatch(p.resolve().name)
+        }
+
+    def _sha256(self, path: Path) -> str:
+        h = new_hash(SHA256)
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            for view in mapped_windows(fd, 0, os.fstat(fd).st_size):
+                if self.cancel.is_set():  # the run failed or was interrupted: stop, do not hold it up
+                    raise Cancelled
+                h.update(view)
+        finally:
+            os.close(fd)
+        return h.hexdigest()
+
+    def hash_tensors(self, names: list[str]) -> None:
+        for name in names:
+            if name in self.file_of and name not in self.tensors:
+                self.tensors[name] = self.pool.submit(self._hash_tensor, name)
+
+    def _hash_tensor(self, name: str) -> str:
+        info = self.headers[self.file_of[name]].tensors[name]
+        h = new_hash(HASH)
+        fd = os.open(self.files[self.file_of[name]], os.O_RDONLY)
+        try:
+            hash_range(fd, info.offset, info.offset + info.nbytes, [h])
+        finally:
+            os.close(fd)
+        return h.hexdigest()
+
+    def result(self) -> dict[str, dict[str, Any]]:
+        self.hash_tensors(list(self.file_of))  # tensors no output took (none, for a valid plan)
+        out: dict[str, dict[str, Any]] = {}
+        for name, header in self.headers.items():
+            order = sorted(header.tensors, key=lambda t: header.tensors[t].offset)
+            digest = combine_file_digest(header_bytes(header), [self.tensors[t].result() for t in order])
+            out[name] = {"size": header.size, "digest": digest}
+            if name in self.blobs:
+                sha = self.blobs[name].result()
+                blob = self.files[name].resolve().name
+                if sha != blob:
+                    raise CheckpointError(
+                        f"{self.files[name]}: content sha256 {sha[:12]}... differs from its Hugging Face cache blob "
+                        f"name {blob[:12]}... (damaged download?)"
+                    )
+                out[name]["sha256"] = sha
+        return out
 
 
 def make_output_dir(out: Path) -> None:
@@ -261,11 +344,11 @@ def make_output_dir(out: Path) -> None:
         raise EnvironmentLimitError(f"{out}: cannot create the output directory ({e.strerror or e})") from None
 
 
-def _check_disk(out: Path, need: int) -> None:
+def _check_disk(out: Path, need: int, what: str = "the conversion") -> None:
     free = shutil.disk_usage(out).free
     if need > free:
         raise EnvironmentLimitError(
-            f"{out}: not enough disk space: the conversion needs {need / 1e9:.2f} GB, {free / 1e9:.2f} GB free"
+            f"{out}: not enough disk space: {what} needs {human_bytes(need)}, {human_bytes(free)} free"
         )
 
 
@@ -280,16 +363,48 @@ def convert(
     force: bool = False,
     progress: Progress | None = None,
     on_plan: Callable[[Plan], None] | None = None,
+    copy: str = "auto",
+    workers: int | None = None,
+    verify_blobs: bool = True,
 ) -> ConvertResult:
-    """Convert an HF checkpoint (or shards of ours) into TP x PP shards in `out`."""
+    """Convert an HF checkpoint (or shards of ours) into TP x PP shards in `out`.
+
+    `copy`: how verbatim bytes are copied (writer.COPY_MODES; "auto": inside the kernel where it
+    can, else user space); `workers`: threads (default: one per core, 4 to 16); `verify_blobs`:
+    check the sha256 of Hugging Face cache blobs against their names."""
+    if copy not in COPY_MODES:
+        raise UserError(f"--copy must be one of {', '.join(COPY_MODES)}, not {copy!r}")
+    if workers is not None and workers < 1:
+        raise UserError(f"--workers must be at least 1, not {workers}")
+    options = _Options(copy, workers or default_workers(), verify_blobs)
     threads = torch.get_num_threads()
-    # The copies are small and memory-bound; torch's OpenMP workers would only spin on the cores
-    # the hashing threads need.
+    # Each worker thread runs its own small transforms; torch's OpenMP workers would only spin on
+    # the cores the copying and hashing threads need.
     torch.set_num_threads(1)
     try:
-        return _convert(src, Path(out), tp, pp, pp_layers, dtype, max_part_size, force, progress, on_plan)
+        return _convert(src, Path(out), tp, pp, pp_layers, dtype, max_part_size, force, progress, on_plan, options)
     finally:
         torch.set_num_threads(threads)
+
+
+@dataclass(frozen=True)
+class _Options:
+    copy: str
+    workers: int
+    verify_blobs: bool
+
+
+def _locked(progress: Progress | None) -> Progress | None:
+    """The progress callback, called from many threads: one at a time."""
+    if progress is None:
+        return None
+    lock = threading.Lock()
+
+    def report(n: int) -> None:
+        with lock:
+            progress(n)
+
+    return report
 
 
 def _convert(
@@ -303,77 +418,82 @@ def _convert(
     force: bool,
     progress: Progress | None,
     on_plan: Callable[[Plan], None] | None,
+    options: _Options,
 ) -> ConvertResult:
     start = time.perf_counter()
     source = open_source(src)
+    lock: OutputLock | None = None
     try:
         problems = output_path_problems(source.path, out)
         if problems:
             raise UserError("; ".join(problems))
         kwargs = {} if max_part_size is None else {"max_part_size": max_part_size}
         plan = make_plan(source, tp, pp, pp_layers, dtype, **kwargs)
-        # Shards as input are checked against their manifest before OUT is touched; their digests
-        # then serve as our input record (an HF source is hashed while we stream).
-        known_inputs = source.verify() if isinstance(source, ShardSource) else None
-        records = _prepare_output(out, plan, force)
-        if "__complete__" in records:
-            manifest = json.loads((out / MANIFEST_NAME).read_text())
-            return ConvertResult(out, plan, "up-to-date", time.perf_counter() - start, 0, manifest=manifest)
-        # Per file, not per unit: a kill between two files of one unit keeps the finished one
-        # (shard-format.md: "skips the finished files whose digests match").
-        reused = [f.name for u in plan.units for f in u if _verified(out, f, records)]
-        todo = [kept for u in plan.units if (kept := [f for f in u if f.name not in reused])]
-        if reused:
-            log.info("resuming: %d finished file(s) verified and kept", len(reused))
-        _check_disk(out, sum(f.layout.size for u in todo for f in u))
-        if on_plan:
-            on_plan(plan)
-        journal = Journal(out / JOURNAL_NAME)
-        written = 0
-        file_hasher, tensor_hasher = HashWorker("plamo2-hash-file"), HashWorker("plamo2-hash-tensors")
+        ensure_not_being_written(out)  # a second writer stops here, before hashing a shard source
+        pool = ThreadPoolExecutor(options.workers, thread_name_prefix="plamo2-convert")
         try:
-            with ThreadPoolExecutor(max_workers=2, thread_name_prefix="plamo2-finish") as pool:
-                inputs: Future | None = None
-                if known_inputs is None:
-                    inputs = pool.submit(_input_digests, source.input_files())
-                finishing: list[Future] = []
-                for unit in todo:
-                    parts: dict[str, PartialFile] = {}
-                    hashing = {f.name: _Hashing.of(f) for f in unit}
-
-                    def observer(h: _Hashing) -> Callable[[int, memoryview], None]:
-                        def observe(offset: int, data: memoryview) -> None:
-                            file_hasher.submit(h.whole, offset, data)
-                            tensor_hasher.submit(h.tensors, offset, data)
-
-                        return observe
-
-                    try:
-                        for f in unit:
-                            parts[f.name] = PartialFile(out / f.name, f.layout, observer(hashing[f.name]))
-                        written += _stream_unit(source, unit, parts, progress)
-                        file_hasher.drain()
-                        tensor_hasher.drain()
-                    except BaseException:
-                        for part in parts.values():
-                            part.abort()
-                        raise
-                    finishing += [pool.submit(_finish_file, parts[f.name], f, hashing[f.name], journal) for f in unit]
-                for fut in finishing:
-                    fut.result()
+            # Shards as input are checked against their manifest before OUT is touched; their
+            # digests then serve as our input record (an HF source is hashed while we copy).
+            known_inputs = source.verify(pool) if isinstance(source, ShardSource) else None
+            make_output_dir(out)
+            lock = OutputLock(out, "convert")  # held until the manifest is written and the journal gone
+            records = _prepare_output(out, plan, force, _writes(source, plan))
+            if "__complete__" in records:
+                manifest = json.loads((out / MANIFEST_NAME).read_text())
+                return ConvertResult(out, plan, "up-to-date", time.perf_counter() - start, 0, manifest=manifest)
+            # Per file, not per unit: a kill between two files of one unit keeps the finished one
+            # (docs/shard-format.md: "skips the finished files whose digests match").
+            reused = [f.name for u in plan.units for f in u if _verified(out, f, records, pool)]
+            todo = [kept for u in plan.units if (kept := [f for f in u if f.name not in reused])]
+            if reused:
+                log.info("resuming: %d finished file(s) verified and kept", len(reused))
+            _check_disk(out, sum(f.layout.size for u in todo for f in u))
+            if on_plan:
+                on_plan(plan)
+            journal = Journal(out / JOURNAL_NAME)
+            writer = Writer(source, HASH, options.copy, _locked(progress))
+            inputs = None
+            if known_inputs is None:
+                inputs = _InputDigests(source, pool, options.verify_blobs, writer.cancel)
+            written = 0
+            try:
+                with ThreadPoolExecutor(max_workers=2, thread_name_prefix="plamo2-finish") as finisher:
+                    finishing: list[Future] = []
+                    for unit in todo:
+                        parts: dict[str, PartialFile] = {}
+                        try:
+                            for f in unit:
+                                parts[f.name] = PartialFile(out / f.name, f.layout)
+                            digests = _stream_unit(writer, pool, unit, parts, inputs)
+                        except BaseException:
+                            for part in parts.values():
+                                part.abort()
+                            raise
+                        written += sum(f.layout.size - len(f.layout.header) for f in unit)
+                        finishing += [finisher.submit(_finish_file, parts[f.name], f, digests[f.name], journal)
+                                      for f in unit]  # fmt: skip
+                    for fut in finishing:
+                        fut.result()
                 input_digests = known_inputs if inputs is None else inputs.result()
+            except BaseException:
+                writer.cancel.set()  # also stops a blob's sha256 still running
+                raise
+            finally:
+                writer.close()
         finally:
-            file_hasher.close()
-            tensor_hasher.close()
+            pool.shutdown(wait=True, cancel_futures=True)
         finished = {**records, **journal.read(plan.fingerprint)}  # type: ignore[dict-item]
         copied = _copy_side_files(source, out)
         manifest = _manifest(source, plan, finished, input_digests, copied)
-        atomic_write_text(out / MANIFEST_NAME, json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+        write_manifest(out, manifest)
         (out / JOURNAL_NAME).unlink(missing_ok=True)
         fsync_dir(out)
         status = "resumed" if reused else "converted"
-        return ConvertResult(out, plan, status, time.perf_counter() - start, written, reused, manifest)
+        copy = {"mode": options.copy, "workers": options.workers, "bytes": dict(writer.stats)}
+        return ConvertResult(out, plan, status, time.perf_counter() - start, written, reused, manifest, copy)
     finally:
+        if lock is not None:
+            lock.release()
         source.close()
 
 
@@ -384,54 +504,25 @@ def _manifest(
     input_digests: dict[str, dict[str, Any]],
     copied: list[str],
 ) -> dict[str, Any]:
-    m = plan.mapping
-    tensors: dict[str, dict[str, Any]] = {}
-    for f in plan.files:
-        rank_tensors = tensors.setdefault(str(f.rank), {})
-        for t in f.tensors:
-            rank_tensors[t.key] = tensor_record(t, f.name, finished[f.name]["tensors"][t.key])
-    return {
-        "format": FORMAT,
-        "format_version": FORMAT_VERSION,
-        "plamo2_tools_version": __version__,
-        "fingerprint": plan.fingerprint,
-        "source": {
+    return build_manifest(
+        fingerprint=plan.fingerprint,
+        source={
             "path": str(source.path),
             "kind": source.kind,
             "files": input_digests,
-            "config_sha256": hashlib.sha256((source.path / "config.json").read_bytes()).hexdigest(),
+            "config_sha256": config_sha256(source.path),
             "tensors": {
                 n: {"dtype": dtype_name(t.dtype), "shape": list(t.shape)} for n, t in sorted(source.tensors.items())
             },
         },
-        "mapping": {
-            "tp_size": m.tp,
-            "pp_size": m.pp,
-            "world_size": m.world_size,
-            "stages": [list(s) for s in m.stages],
-            "ranks": [
-                {"rank": r, "tp_rank": m.ranks(r)[0], "pp_rank": m.ranks(r)[1], "files": plan.rank_files(r)}
-                for r in range(m.world_size)
-            ],
-        },
-        "options": {
-            "dtype": dtype_name(plan.out_dtype) if plan.out_dtype else "auto",
-            "max_part_size": plan.max_part_size,
-            "tied_embeddings": source.config.tie_word_embeddings,
-            "padded_vocab": source.config.padded_vocab,
-        },
-        "copied_files": copied,
-        "tensors": tensors,
-        "files": {
-            f.name: {
-                "size": finished[f.name]["size"],
-                "sha256": finished[f.name]["sha256"],
-                "rank": f.rank,
-                "part": f.part,
-            }
-            for f in plan.files
-        },
-    }
+        config=source.config,
+        mapping=plan.mapping,
+        out_dtype=plan.out_dtype,
+        max_part_size=plan.max_part_size,
+        files=[(f.name, f.rank, f.part, finished[f.name]) for f in plan.files],
+        tensors=[(f.rank, f.name, t, finished[f.name]["tensors"][t.key]) for f in plan.files for t in f.tensors],
+        copied=copied,
+    )
 
 
 def plan_only(src: str | Path, tp: int, pp: int, pp_layers: list[int] | None = None, dtype: str = "auto") -> Plan:

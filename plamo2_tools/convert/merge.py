@@ -1,17 +1,28 @@
-"""`plamo2-tools merge`: rebuild the HF checkpoint from shards (the inverse of convert)."""
+"""`plamo2-tools merge`: rebuild the HF checkpoint from shards (the inverse of convert).
+
+Like convert, merge holds OUT's lock while it writes, records what it writes before the first
+byte (`.plamo2_written.json`, see outputs.py) and writes `config.json` last, so that an
+interrupted merge never looks like a checkpoint and `--force` removes only files of ours.
+"""
 
 from __future__ import annotations
 
-import json
+import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from ..errors import OutputExistsError, UserError
-from ..safetensors_io import PartialFile, plan_file, tensor_bytes
+import torch
+
+from ..errors import UserError
+from ..model.checkpoint import INDEX_NAME, hf_file_names, write_hf_weights
+from ..outputs import prepare_output, write_record
+from ..shards.lock import OutputLock, ensure_not_being_written
 from .engine import CHUNK_BYTES, _check_disk, make_output_dir
 from .plan import DEFAULT_MAX_PART_SIZE, output_path_problems
 from .sources import ShardSource, side_files
+
+LAST = "config.json"  # an HF checkpoint without it is not one: written last, it marks completion
 
 
 def merge(
@@ -28,62 +39,64 @@ def merge(
     """
     out = Path(out)
     source = ShardSource(Path(shards))
+    lock: OutputLock | None = None
     try:
         problems = output_path_problems(source.path, out)
         if problems:
             raise UserError("; ".join(problems))
+        ensure_not_being_written(out)  # a second writer stops here, before the shards are hashed
         source.verify()  # a damaged shard must not come back as a clean-looking HF checkpoint
-        make_output_dir(out)
-        if any(out.iterdir()):
-            if not force:
-                raise OutputExistsError(f"{out}: exists and is not empty (use --force to replace it)")
-            shutil.rmtree(out)
-            out.mkdir()
         tensors = list(source.config.hf_tensor_shapes())
-        groups: list[list[str]] = [[]]
-        size = 0
-        for name in tensors:
-            nbytes = source.tensors[name].row_bytes * source.tensors[name].rows
-            if groups[-1] and size + nbytes > max_part_size:
-                groups.append([])
-                size = 0
-            groups[-1].append(name)
-            size += nbytes
-        _check_disk(out, sum(source.tensors[n].row_bytes * source.tensors[n].rows for n in tensors))
-        names = (
-            ["model.safetensors"]
-            if len(groups) == 1
-            else [f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors" for i in range(len(groups))]
-        )
-        weight_map: dict[str, str] = {}
-        total = 0
-        for fname, group in zip(names, groups, strict=True):
-            layout = plan_file([(n, source.tensors[n].dtype, source.tensors[n].shape) for n in group], {"format": "pt"})
-            part = PartialFile(out / fname, layout)
-            try:
-                for name in group:
-                    st = source.tensors[name]
-                    step = max(1, CHUNK_BYTES // st.row_bytes)
-                    for a in range(0, st.rows, step):
-                        b = min(a + step, st.rows)
-                        data = tensor_bytes(source.read_rows(name, a, b))
-                        part.write_at(layout.offsets[name] + a * st.row_bytes, data)
-                        if progress:
-                            progress(len(data))
-                    weight_map[name] = fname
-                    total += layout.nbytes[name]
-                part.commit()
-            except BaseException:
-                part.abort()
-                raise
-        if len(names) > 1:
-            index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
-            (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
-        for p in side_files(source.path):
-            shutil.copyfile(p, out / p.name)
+        groups = _groups(source, tensors, max_part_size)
+        sides = side_files(source.path)
+        weights = hf_file_names(len(groups))
+        writes = weights + ([INDEX_NAME] if len(groups) > 1 else []) + [p.name for p in sides]
+        make_output_dir(out)
+        lock = OutputLock(out, "merge")
+        prepare_output(out, writes, force)
+        _check_disk(out, sum(source.tensors[n].row_bytes * source.tensors[n].rows for n in tensors), "the merge")
+        write_record(out, "merge", str(source.path), writes, "writing")
+
+        def chunks(name: str) -> Iterator[tuple[int, torch.Tensor]]:
+            st = source.tensors[name]
+            step = max(1, CHUNK_BYTES // st.row_bytes)
+            for a in range(0, st.rows, step):
+                yield a, source.read_rows(name, a, min(a + step, st.rows))
+
+        specs = {n: (source.tensors[n].dtype, source.tensors[n].shape) for n in tensors}
+        for p in sides:
+            if p.name != LAST:
+                _copy(p, out)
+        names = write_hf_weights(out, groups, specs, chunks, progress)
+        for p in sides:
+            if p.name == LAST:
+                _copy(p, out)
+        write_record(out, "merge", str(source.path), writes, "complete")
         return names
     finally:
+        if lock is not None:
+            lock.release()
         source.close()
+
+
+def _groups(source: ShardSource, tensors: list[str], max_part_size: int) -> list[list[str]]:
+    """Tensors in HF order, cut greedily into files of at most max_part_size bytes."""
+    groups: list[list[str]] = [[]]
+    size = 0
+    for name in tensors:
+        nbytes = source.tensors[name].row_bytes * source.tensors[name].rows
+        if groups[-1] and size + nbytes > max_part_size:
+            groups.append([])
+            size = 0
+        groups[-1].append(name)
+        size += nbytes
+    return groups
+
+
+def _copy(src: Path, out: Path) -> None:
+    tmp = out / (src.name + ".tmp")
+    shutil.copyfile(src, tmp)
+    os.replace(tmp, out / src.name)
 
 
 def merged_bytes(shards: str | Path) -> int:

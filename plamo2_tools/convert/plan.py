@@ -11,14 +11,16 @@ from pathlib import Path
 import torch
 
 from .. import __version__
-from ..config import Plamo2Config
+from ..dtypes import FLOAT_DTYPES, dtype_name
 from ..errors import UserError
+from ..model.config import Plamo2Config
+from ..model.tensors import CONSTANT, OutputTensor, make_mapping, rank_tensors
+from ..parallel import Mapping
 from ..safetensors_io import FileLayout, plan_file
-from .layout import Mapping, OutputTensor, make_mapping, rank_tensors
-from .manifest import FORMAT_VERSION, dtype_name, file_name
+from ..shards.manifest import FORMAT_VERSION, file_metadata, file_name
 from .sources import Source
 
-OUT_DTYPES = {"auto": None, "bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+OUT_DTYPES: dict[str, torch.dtype | None] = {"auto": None, **FLOAT_DTYPES}
 DEFAULT_MAX_PART_SIZE = 5 * 2**30
 
 
@@ -45,7 +47,7 @@ class Plan:
         stage's files are finished (and survive an interruption) before the next stage starts."""
         groups: dict[tuple[int, int], list[FilePlan]] = {}
         for f in self.files:
-            groups.setdefault((f.rank // self.mapping.tp, f.part), []).append(f)
+            groups.setdefault((self.mapping.ranks(f.rank)[1], f.part), []).append(f)
         return [groups[k] for k in sorted(groups)]
 
     @property
@@ -113,7 +115,9 @@ def canonical_order(cfg: Plamo2Config) -> dict[str, int]:
 
     Sources are streamed and output files laid out in this order, which does not depend on how
     the source checkpoint happens to be split into files."""
-    return {name: i for i, name in enumerate(cfg.hf_tensor_shapes())}
+    order = {name: i for i, name in enumerate(cfg.hf_tensor_shapes())}
+    order[CONSTANT] = len(order)  # vLLM's extra scalars (model/tensors.py VLLM_EXTRAS) come last
+    return order
 
 
 def make_plan(
@@ -132,15 +136,7 @@ def make_plan(
     order = canonical_order(source.config)
     files = []
     for rank in range(mapping.world_size):
-        tp_rank, pp_rank = mapping.ranks(rank)
-        meta = {
-            "format": "pt",
-            "plamo2_tools_version": __version__,
-            "tp_rank": str(tp_rank),
-            "tp_size": str(mapping.tp),
-            "pp_rank": str(pp_rank),
-            "pp_size": str(mapping.pp),
-        }
+        meta = file_metadata(mapping, rank)
         tensors = rank_tensors(source.config, src_dtypes, mapping, rank, out_dtype)
         for part, group in enumerate(_split_parts(tensors, max_part_size)):
             # Laid out in the order the engine streams sources, so every file is written front to

@@ -5,19 +5,22 @@ from __future__ import annotations
 
 import math
 import os
+import threading
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 import torch
 
-from ..checkpoint import HFCheckpoint
-from ..config import Plamo2Config
-from ..digest import sha256_file
+from ..dtypes import parse_dtype
 from ..errors import CheckpointError, UserError
+from ..model.checkpoint import HFCheckpoint
+from ..model.config import Plamo2Config
+from ..model.tensors import invert_transforms
 from ..safetensors_io import TensorInfo, read_header, read_rows
-from .layout import invert_transforms
-from .manifest import MANIFEST_NAME, Manifest, load_manifest, parse_dtype
+from ..shards.manifest import FORMAT_VERSION, HASH, JOURNAL_NAME, MANIFEST_NAME, Manifest, file_digests, load_manifest
+from ..shards.owned import ensure_readable_checkpoint
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".partial", ".tmp")
 NOT_COPIED = ("model.safetensors.index.json", MANIFEST_NAME)
@@ -48,6 +51,11 @@ class Source(Protocol):
 
     def read_rows(self, name: str, start: int, stop: int) -> torch.Tensor: ...
 
+    def locate(self, name: str) -> tuple[Path, TensorInfo] | None:
+        """Where a source tensor's bytes lie verbatim (file, header entry), or None when it has
+        to be rebuilt (read_rows) first: convert copies verbatim bytes inside the kernel."""
+        ...
+
     def input_files(self) -> list[Path]: ...
 
     def close(self) -> None: ...
@@ -69,6 +77,7 @@ class HFSource:
     kind = "hf"
 
     def __init__(self, path: Path) -> None:
+        ensure_readable_checkpoint(path)
         self.ckpt = HFCheckpoint(path)
         self.ckpt.check_inventory()
         self.path = self.ckpt.path
@@ -81,6 +90,9 @@ class HFSource:
 
     def read_rows(self, name: str, start: int, stop: int) -> torch.Tensor:
         return self.ckpt.read_rows(name, start, stop)
+
+    def locate(self, name: str) -> tuple[Path, TensorInfo] | None:
+        return self.ckpt.file_of(name).path, self.ckpt.tensors[name]
 
     def input_files(self) -> list[Path]:
         return [f.path for f in self.ckpt.files]
@@ -101,6 +113,7 @@ class ShardSource:
         self.config = self.manifest.config
         self._headers: dict[str, dict[str, TensorInfo]] = {}
         self._fds: dict[str, int] = {}
+        self._fds_lock = threading.Lock()  # convert's jobs read rows from several threads
         # For every HF tensor: (piece, rank file, key, row offset in the output tensor, entry).
         self._pieces: dict[str, list] = {}
         seen: set[tuple] = set()
@@ -131,14 +144,15 @@ class ShardSource:
         return self._tensors
 
     def _file(self, name: str) -> tuple[int, dict[str, TensorInfo]]:
-        if name not in self._fds:
-            path = self.path / name
-            if not path.is_file():
-                raise CheckpointError(f"{path}: listed in the manifest but missing")
-            header = read_header(path)
-            self._headers[name] = header.tensors
-            self._fds[name] = os.open(path, os.O_RDONLY)
-        return self._fds[name], self._headers[name]
+        with self._fds_lock:
+            if name not in self._fds:
+                path = self.path / name
+                if not path.is_file():
+                    raise CheckpointError(f"{path}: listed in the manifest but missing")
+                header = read_header(path)
+                self._headers[name] = header.tensors
+                self._fds[name] = os.open(path, os.O_RDONLY)
+            return self._fds[name], self._headers[name]
 
     def read_rows(self, name: str, start: int, stop: int) -> torch.Tensor:
         src = self._tensors[name]
@@ -160,27 +174,39 @@ class ShardSource:
                 )
         return out
 
+    def locate(self, name: str) -> tuple[Path, TensorInfo] | None:
+        return None  # rebuilt from pieces with the transforms inverted: never verbatim
+
     def input_files(self) -> list[Path]:
         return [self.path / f for f in sorted(self.manifest.files)]
 
-    def verify(self) -> dict[str, dict[str, Any]]:
-        """Every shard file against the size and sha256 its manifest records.  Reading shards back
+    def verify(self, pool: Executor | None = None) -> dict[str, dict[str, Any]]:
+        """Every shard file against the size and digest its manifest records.  Reading shards back
         checks only headers, so without this a damaged shard would be resharded or merged into
-        output whose own manifest then vouches for it.  Returns the digests (convert's input record)."""
+        output whose own manifest then vouches for it.  Returns convert's input record: {name:
+        {size, digest}} by the rule and algorithm we write (for a version-1 source, whose digests
+        are SHA-256, that is a second digest of each file)."""
         digests: dict[str, dict[str, Any]] = {}
         bad = []
+        m = self.manifest
         for path in self.input_files():
             if not path.is_file():
                 raise CheckpointError(f"{path}: listed in the manifest but missing")
             size = path.stat().st_size
-            digests[path.name] = {"size": size, "sha256": sha256_file(path)[0]}
-            rec = self.manifest.files[path.name]
-            if (size, digests[path.name]["sha256"]) != (rec["size"], rec["sha256"]):
+            if size != m.files[path.name]["size"]:
                 bad.append(path.name)
+                continue
+            digest = m.digests_of(path, pool)[0]
+            if digest != m.file_digest(path.name):
+                bad.append(path.name)
+                continue
+            if (m.version, m.hash) != (FORMAT_VERSION, HASH):
+                digest = file_digests(path, pool=pool)[0]
+            digests[path.name] = {"size": size, "digest": digest}
         if bad:
             raise CheckpointError(
-                f"{self.path}: {', '.join(bad)}: size or sha256 differs from the manifest (damaged or replaced "
-                f"shard file; `plamo2-tools check {self.path}` shows more)"
+                f"{self.path}: {', '.join(bad)}: size or {m.hash} digest differs from the manifest (damaged or "
+                f"replaced shard file; `plamo2-tools check {self.path}` shows more)"
             )
         return digests
 
@@ -194,6 +220,6 @@ def open_source(path: str | Path) -> Source:
     path = Path(path)
     if not path.is_dir():
         raise UserError(f"{path}: not a directory")
-    if (path / MANIFEST_NAME).exists():
-        return ShardSource(path)
+    if (path / MANIFEST_NAME).exists() or (path / JOURNAL_NAME).exists():
+        return ShardSource(path)  # with only a journal: refused as an unfinished conversion
     return HFSource(path)

@@ -10,6 +10,7 @@ different prompts and scores that do not compare with the reference.
 from __future__ import annotations
 
 import copy
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,10 +19,10 @@ from typing import Any
 import yaml
 
 from ..digest import sha256_file
-from ..errors import UserError
+from ..errors import OutputExistsError, UserError
 
 ENV_VAR = "PLAMO2_GSM8K_DIR"
-# openai/grade-school-math grade_school_math/data at 3101c7d5 (eval-notes §2.5).
+# openai/grade-school-math grade_school_math/data at 3101c7d5 (docs/eval.md §2).
 OFFICIAL_SHA256 = {
     "train": "17f347dc51477c50d4efb83959dbb7c56297aba886e5544ee2aaed3024813465",
     "test": "3730d312f6e3440559ace48831e51066acaca737f6eabec99bccb9e4b3c39d14",
@@ -64,7 +65,32 @@ def load_gsm8k_data(directory: str | Path | None, allow_unverified: bool = False
     if wrong and not allow_unverified:
         raise UserError(f"{root} does not hold the official GSM8K files: {'; '.join(wrong)}. Scores would not "
                         "compare with published numbers; pass --allow-unverified-data to run anyway")  # fmt: skip
+    for split in SPLITS:
+        if digests[split] != OFFICIAL_SHA256[split]:  # the official files are known good
+            check_records(files[split])
     return Gsm8kData(files, digests, verified=not wrong)
+
+
+def check_records(path: Path) -> None:
+    """Every line a JSON object with "question" and "answer" strings, as in openai/grade-school-math:
+    anything else would fail deep inside the datasets library with a long chained traceback."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError:
+        raise UserError(f"{path}: not UTF-8 text, so not GSM8K JSON lines") from None
+    records = 0
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise UserError(f"{path}: line {number} is not JSON ({e.msg}); GSM8K is one JSON object a line") from None
+        if not (isinstance(row, dict) and isinstance(row.get("question"), str) and isinstance(row.get("answer"), str)):
+            raise UserError(f'{path}: line {number} is not a GSM8K record (needs "question" and "answer" strings)')
+        records += 1
+    if not records:
+        raise UserError(f"{path}: no GSM8K records (the file is empty)")
 
 
 def installed_task_yaml(name: str = "gsm8k") -> Path:
@@ -74,7 +100,7 @@ def installed_task_yaml(name: str = "gsm8k") -> Path:
 
 
 def gsm8k_task_config(data: Gsm8kData) -> dict[str, Any]:
-    """The installed gsm8k.yaml with only the dataset keys changed (eval-notes §2.4, way 2): a
+    """The installed gsm8k.yaml with only the dataset keys changed (docs/eval.md §2, way 2): a
     complete task config for ``simple_evaluate(tasks=[cfg])``; results still come out as gsm8k v3."""
     cfg = yaml.safe_load(installed_task_yaml().read_text())
     cfg = copy.deepcopy(cfg)
@@ -94,5 +120,7 @@ def write_task_yaml(data: Gsm8kData, directory: str | Path) -> Path:
     path = directory / "gsm8k.yaml"
     header = ("# lm-eval's gsm8k.yaml (lm-evaluation-harness, MIT) with the dataset keys pointed at local files.\n"
               "# Written by plamo2-tools; GSM8K data: openai/grade-school-math (MIT).\n")  # fmt: skip
+    if path.exists() and "Written by plamo2-tools" not in path.read_text(errors="replace")[: len(header)]:
+        raise OutputExistsError(f"{path} exists and was not written by plamo2-tools; move it away first")
     path.write_text(header + yaml.safe_dump(gsm8k_task_config(data), sort_keys=False, allow_unicode=True))
     return path

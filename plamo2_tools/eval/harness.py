@@ -16,19 +16,30 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import shutil
+import os
+import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..errors import Plamo2Error, UserError
+from ..runtime.jobs import run_job
+from ..runtime.result_io import result_type
 from .gsm8k_task import Gsm8kData, gsm8k_task_config
 from .hf_offline import hf_offline, offline_env
 
 SUPPORTED_TASKS = ("gsm8k",)
 STABLE_RESULTS_NAME = "results.json"
+# results.json and `eval --json`: lm-eval's aggregated results object (results, versions, n-shot,
+# config, ...) as lm-eval 0.4 writes it, tagged with this kind and version so that `plamo2-tools
+# report` knows it for ours; lm-eval's own results_<date>.json beside it stays untouched.  Bump the
+# version when a field of ours changes meaning or goes away (adding one is compatible).
+EVAL_KIND = "plamo2-eval"
+EVAL_SCHEMA_VERSION = 1
 
 
 @dataclass
@@ -49,6 +60,7 @@ class EvalRequest:
     trust_remote_code: bool = False
     bootstrap_iters: int = 100_000
     log_samples: bool = True
+    verify_files: bool = True  # False: skip the shard digests at load (headers are still checked)
 
     def model_args(self) -> dict[str, Any]:
         """What lm-eval records as model_args; `pretrained` also names the output directory."""
@@ -61,6 +73,7 @@ class EvalRequest:
         return args
 
 
+@result_type  # comes back from torchrun rank 0 as data (runtime/result_io.py), not as a pickle
 @dataclass
 class EvalOutcome:
     results: dict[str, Any]  # lm-eval's results dict, without "samples"
@@ -76,7 +89,8 @@ class EvalOutcome:
         from lm_eval.utils import handle_non_serializable
 
         keep = ("results", "versions", "n-shot", "n-samples", "config", "task_hashes")
-        data = {k: self.results[k] for k in keep if k in self.results}
+        data: dict[str, Any] = {"kind": EVAL_KIND, "schema_version": EVAL_SCHEMA_VERSION}
+        data.update((k, self.results[k]) for k in keep if k in self.results)
         data.update(files=self.files, launched=self.launched, wall_seconds=self.wall_seconds)
         return json.loads(json.dumps(data, default=handle_non_serializable))
 
@@ -99,7 +113,7 @@ def evaluate_model(lm: Any, request: EvalRequest, cache_root: str | Path) -> Eva
         {k: Path(v) for k, v in request.data["files"].items()}, request.data["sha256"], request.data["verified"]
     )
     tracker = EvaluationTracker(output_path=request.output_path)
-    with hf_offline(cache_root):
+    with hf_offline(cache_root), _quiet_git_hash():
         results = lm_eval.simple_evaluate(
             model=lm,
             model_args=request.model_args(),
@@ -126,6 +140,30 @@ def evaluate_model(lm: Any, request: EvalRequest, cache_root: str | Path) -> Eva
     return EvalOutcome(results, samples, files, header, make_table(results))
 
 
+@contextmanager
+def _quiet_git_hash() -> Iterator[None]:
+    """lm-eval records `git describe` of the working directory and lets git print "fatal: not a git
+    repository" on stderr outside a checkout; the same lookup, with git's complaint discarded."""
+    import lm_eval.evaluator
+
+    saved = lm_eval.evaluator.get_git_commit_hash
+    lm_eval.evaluator.get_git_commit_hash = _git_hash
+    try:
+        yield
+    finally:
+        lm_eval.evaluator.get_git_commit_hash = saved
+
+
+def _git_hash() -> str | None:
+    from lm_eval.loggers.utils import get_commit_from_path
+
+    try:
+        cmd = ["git", "describe", "--always"]
+        return subprocess.check_output(cmd, stderr=subprocess.DEVNULL).strip().decode()
+    except (subprocess.CalledProcessError, OSError):
+        return get_commit_from_path(os.getcwd())
+
+
 def _write_outputs(
     tracker: Any, results: dict[str, Any], samples: dict[str, Any], request: EvalRequest
 ) -> dict[str, str]:
@@ -140,12 +178,21 @@ def _write_outputs(
     if date_id is None or not aggregated.exists():  # the tracker logs its write errors instead of raising
         raise Plamo2Error(f"lm-eval did not write its results under {directory} (see the log above)")
     stable = directory / STABLE_RESULTS_NAME
-    shutil.copyfile(aggregated, stable)
+    write_stable_results(aggregated, stable)
     files = {"results": str(aggregated), "results_stable": str(stable)}
     if request.log_samples:
         for task_name in results["configs"]:
             files[f"samples_{task_name}"] = str(directory / f"samples_{task_name}_{date_id}.jsonl")
     return files
+
+
+def write_stable_results(aggregated: Path, stable: Path) -> None:
+    """results.json: lm-eval's aggregated results file tagged with our kind and version; written
+    whole, then renamed, so that a reader never sees half of it."""
+    tagged = {"kind": EVAL_KIND, "schema_version": EVAL_SCHEMA_VERSION, **json.loads(aggregated.read_text("utf-8"))}
+    partial = stable.with_name(f".{stable.name}.partial")
+    partial.write_text(json.dumps(tagged, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    os.replace(partial, stable)
 
 
 def _build_model(runtime: Any, request: EvalRequest) -> Any:
@@ -159,37 +206,25 @@ def _build_model(runtime: Any, request: EvalRequest) -> Any:
 
 
 def eval_job(runtime: Any, cache_root: str, **request: Any) -> EvalOutcome | None:
-    """The torchrun entry (`launch("plamo2_tools.eval.harness:eval_job", ...)`): every rank runs
+    """The job `run_eval` runs (in-process, or on every torchrun rank): each rank runs
     the whole evaluation on its own rank of `runtime`; each keeps its own dataset cache so that
     the ranks never contend for one cache directory."""
     lm = _build_model(runtime, EvalRequest(**request))
     return evaluate_model(lm, EvalRequest(**request), Path(cache_root) / f"rank{runtime.rank}")
 
 
-def run_eval(request: EvalRequest, launch: bool = False) -> EvalOutcome:
+def run_eval(request: EvalRequest, launch: bool = False) -> EvalOutcome | None:
     """Evaluate `request.shards` in-process (ranks as threads) or on fresh torchrun ranks."""
-    from ..convert.manifest import load_manifest
-
     check_tasks(request.tasks)
-    world_size = load_manifest(request.shards).mapping.world_size
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="plamo2-eval-hf-") as cache_root:
-        if launch:
-            from ..runtime.launch import launch as launch_job
-
-            args = {"runtime": {"shards": request.shards, "device": request.device, "backend": request.backend},
-                    "cache_root": cache_root, **dataclasses.asdict(request)}  # fmt: skip
-            outcome = launch_job("plamo2_tools.eval.harness:eval_job", args, nproc=world_size,
-                                 extra_env=offline_env(Path(cache_root) / "launch"))  # fmt: skip
-        else:
-            from ..runtime.engine import Runtime
-
-            runtime = Runtime(request.shards, device=request.device, backend=request.backend, mode="local")
-            try:
-                outcome = evaluate_model(_build_model(runtime, request), request, cache_root)
-            finally:
-                runtime.close()
+        runtime = {"shards": request.shards, "device": request.device, "backend": request.backend,
+                   "verify_files": request.verify_files}  # fmt: skip
+        env = offline_env(Path(cache_root) / "launch") if launch else None
+        outcome = run_job(eval_job, runtime, {"cache_root": cache_root, **dataclasses.asdict(request)}, launch, env)
     if outcome is None:
+        if not launch and int(os.environ.get("LOCAL_RANK", "0")) != 0:
+            return None  # one of several torchrun ranks started by the user: rank 0 reports
         raise Plamo2Error("the evaluation returned no results")
     outcome.launched = launch
     outcome.wall_seconds = time.perf_counter() - start

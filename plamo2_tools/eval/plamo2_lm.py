@@ -8,7 +8,7 @@ left-truncated to ``max_length - max_gen_toks``.  See `stop_rules` for the gener
 Tensor / pipeline parallelism is the runtime's business.  Every rank (thread or torchrun process)
 answers every request in lock-step and the model reports rank 0 of world size 1 to lm-eval, so
 the harness neither shards documents nor gathers; only the process with LOCAL_RANK 0 writes
-results (lm-eval's own TP pattern, eval-notes §1.4).
+results (lm-eval's own TP pattern, docs/eval.md §3).
 
 Use it from Python (``Plamo2LM(runtime=rt)`` or ``Plamo2LM(pretrained=shard_dir)``) or through
 lm-eval's CLI as ``--model plamo2 --model_args pretrained=<shard dir>`` (see `lm_eval_cli`).
@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import lm_eval.models  # noqa: F401  - import the built-ins first, or registering empties the registry (§1.3)
+import lm_eval.models  # noqa: F401  - import the built-ins first, or registering empties the registry (docs/eval.md §4)
 import torch
 from lm_eval.api.instance import Instance
 from lm_eval.api.model import TemplateLM
@@ -31,7 +31,9 @@ from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from tqdm import tqdm
 
 from .. import __version__
+from ..dtypes import dtype_name
 from ..errors import UserError
+from ..runtime.devices import check_backend, check_device
 from ..runtime.engine import Runtime, load_tokenizer
 from .stop_rules import (
     DEFAULT_MAX_GEN_TOKS,
@@ -76,16 +78,31 @@ class Plamo2LM(TemplateLM):
         seed: int = 0,
         tp: int | None = None,
         pp: int | None = None,
+        continuous_batching: bool | str = True,
+        cuda_graph: bool | str = True,
     ) -> None:
         """`pretrained` is a shard directory (lm-eval names its output directory after it); pass a
         loaded `runtime` instead to share one between evaluations.  `tp` / `pp` are optional checks
-        of the directory's layout, which is fixed by `plamo2-tools convert`."""
+        of the directory's layout, which is fixed by `plamo2-tools convert`.
+
+        `continuous_batching` (default on): all requests of one gen_kwargs group go to the runtime
+        at once and `batch_size` sequences decode together, a finished one's slot refilled with the
+        next request; off: lm-eval's fixed batches of `batch_size`, each run to its longest answer.
+        Results are the same either way.  `cuda_graph=false` keeps decode eager on CUDA."""
         super().__init__()
         self.device_name = _usable_device(device)
         if runtime is None:
             if pretrained is None:
                 raise UserError("the plamo2 model needs pretrained=<shard directory>")
-            runtime = Runtime(pretrained, device=self.device_name, backend=backend, prefill_chunk=prefill_chunk)
+            check_device(self.device_name, "device")
+            check_backend(backend, self.device_name)
+            runtime = Runtime(
+                pretrained,
+                device=self.device_name,
+                backend=backend,
+                prefill_chunk=prefill_chunk,
+                cuda_graph=_flag(cuda_graph),
+            )
         self.runtime = runtime
         self.path = Path(pretrained) if pretrained is not None else runtime.path
         self.backend_name = backend
@@ -102,6 +119,7 @@ class Plamo2LM(TemplateLM):
             raise UserError(f"max_length ({self._max_length}) must exceed max_gen_toks ({self._max_gen_toks})")
         self.batch_size = _parse_batch_size(batch_size, max_batch_size)
         self.seed = int(seed)
+        self.continuous_batching = _flag(continuous_batching)
         self.stop_ids = stop_token_ids(runtime.path, self.tokenizer)
         self.decode = decode_kept_specials(self.tokenizer)
         # vLLM backend: the decoded EOS id, or the configured eos string when that decodes to "".
@@ -143,7 +161,7 @@ class Plamo2LM(TemplateLM):
             "tp": mapping.tp,
             "pp": mapping.pp,
             "world_size": mapping.world_size,
-            "dtype": str(self.runtime.dtype).removeprefix("torch.") if running else None,
+            "dtype": dtype_name(self.runtime.dtype) if running else None,
             "backend": self.backend_name,
             "kernels": self.runtime.kernels if running else None,
             "runtime_device": self.device_name,
@@ -244,13 +262,16 @@ class Plamo2LM(TemplateLM):
 
     # ---- generation ----------------------------------------------------------------------------
     def generate_until(self, requests: list[Instance], disable_tqdm: bool = False) -> list[str]:
-        """Greedy (or sampled, if asked) continuations, batched: requests sorted by prompt length
-        (longest first), grouped by identical gen_kwargs, `batch_size` per runtime call; results
-        come back in input order."""
+        """Greedy (or sampled, if asked) continuations: requests sorted by prompt length (longest
+        first) and grouped by identical gen_kwargs; with continuous batching a whole group is one
+        runtime call, else `batch_size` requests are; results come back in input order.  Sampling
+        streams are keyed on each request's position in `requests`, so batching never changes them."""
         contexts = [req.args[0] for req in requests]
         encodings = self.tok_encode_many(contexts)
-        items = [(c, e, req.args[1]) for c, e, req in zip(contexts, encodings, requests, strict=True)]
-        for context, encoding, _ in items:
+        items = [
+            (c, e, req.args[1], i) for i, (c, e, req) in enumerate(zip(contexts, encodings, requests, strict=True))
+        ]
+        for context, encoding, _, _ in items:
             if not encoding:
                 raise UserError(f"empty prompt (no tokens) for context {context!r}")
         collator = Collator(items, sort_fn=lambda x: (-len(x[1]), x[0]), group_fn=lambda x: x[2], group_by="gen_kwargs")
@@ -258,32 +279,57 @@ class Plamo2LM(TemplateLM):
         bar = tqdm(
             total=len(items), disable=disable_tqdm or not self.runtime.is_main, desc="Running generate_until requests"
         )
-        for chunk in collator.get_batched(n=self.batch_size):
+        for chunk in collator.get_batched(n=0 if self.continuous_batching else self.batch_size):
             settings = gen_settings(chunk[0][2], self.eos_text, self.max_gen_toks)
-            texts = self._generate([enc for _, enc, _ in chunk], settings)
-            for (context, _, gen_kwargs), text in zip(chunk, texts, strict=True):
+            texts = self._generate([enc for _, enc, _, _ in chunk], settings, [i for *_, i in chunk])
+            for (context, _, gen_kwargs, _), text in zip(chunk, texts, strict=True):
                 results.append(text)
                 self.cache_hook.add_partial("generate_until", (context, gen_kwargs), text)
                 bar.update(1)
         bar.close()
         return collator.get_original(results)
 
-    def _generate(self, prompts: list[list[int]], settings: GenSettings) -> list[str]:
-        max_new = settings.max_gen_toks
-        truncated = []
+    def _generate(self, prompts: list[list[int]], settings: GenSettings, keys: list[int]) -> list[str]:
+        truncated, limits = [], []
         for ids in prompts:
             ids, max_new = maybe_truncate(
                 ids, max_gen_toks=settings.max_gen_toks, max_model_len=self.max_length, side="left"
             )
             truncated.append(ids)
-        if max_new <= 0:
+            limits.append(max(0, max_new))
+        if not any(limits):
             return ["" for _ in prompts]
-        watcher = StopStringWatcher(self.decode, settings.until)
+        watcher = SpanStopWatcher(self.decode, settings.until)
         generation = self.runtime.generate(
-            truncated, max_new, eos_token_ids=self.stop_ids, temperature=settings.temperature,
-            top_p=settings.top_p, seed=self.seed, stop=watcher,
+            truncated, limits[0] if len(set(limits)) == 1 else limits, eos_token_ids=self.stop_ids,
+            temperature=settings.temperature, top_p=settings.top_p, seed=self.seed, stop=watcher,
+            max_batch=self.batch_size if self.continuous_batching else None, request_keys=keys,
         )  # fmt: skip
         return [finish_text(tokens, self.stop_ids, self.decode, settings.until) for tokens in generation.tokens]
+
+
+class SpanStopWatcher(StopStringWatcher):
+    """`StopStringWatcher` that also answers for many new tokens at once (the runtime looks at
+    tokens every few decode steps): one decode of the new tokens plus a window before them tells
+    whether any prefix ends in a stop string; only then is each prefix asked, as token-by-token
+    generation would have, so the first stopping prefix is the same."""
+
+    def first_hit(self, i: int, tokens: list[int], checked: int) -> int | None:
+        if not self.stops or checked >= len(tokens):
+            return None
+        # A stop string that first appears at prefix n > checked lies within the last `window`
+        # tokens before n (see StopStringWatcher), so within this tail.
+        tail = self.decode(tokens[max(0, checked - self.window) :])
+        if not any(s in tail for s in self.stops):
+            return None
+        return next((n for n in range(checked + 1, len(tokens) + 1) if self(i, tokens[:n])), None)
+
+
+def _flag(value: bool | str) -> bool:
+    """lm-eval hands model_args over as strings ('true', 'False', '0')."""
+    if isinstance(value, str):
+        return value.strip().lower() not in ("false", "0", "no", "off", "")
+    return bool(value)
 
 
 def _usable_device(device: str | None) -> str:

@@ -1,7 +1,7 @@
 """What ends a generation and which text comes back, exactly as lm-eval's vLLM backend sets up vLLM.
 
 The reference gsm8k numbers for PLaMo 2 come from vLLM, and flexible-extract is very sensitive to
-where a generation stops (eval-notes §2.2), so these rules are copied rather than improved:
+where a generation stops (docs/eval.md §6), so these rules are copied rather than improved:
 
 * stop strings = the task's ``until`` + the decoded EOS token (``handle_stop_sequences``);
 * the engine also stops on the EOS *ids*: generation_config.json's ``eos_token_id`` (config.json's

@@ -3,7 +3,7 @@
 All tensors are one tensor-parallel rank's local slice.  Prefill batches are packed (varlen, no
 padding) and described by ``cu_seqlens`` (S+1 offsets starting at 0).  Every op computes in fp32
 and returns the activation dtype; recurrent states are fp32 unless the caller passes bf16 ones.
-The float64 oracles these are tested against live in ``plamo2_tools.reference_ops``.
+The float64 oracles these are tested against live in ``plamo2_tools.model.reference_ops``.
 
     ops = get_ops("auto", device)      # Triton on CUDA when Triton imports, else PyTorch
     y, residual = ops.rms_norm(x, w, 1e-6, residual)
@@ -27,6 +27,33 @@ class Ops(Protocol):
 
     def head_rms_norm(self, x: Tensor, weight: Tensor, eps: float) -> Tensor:
         """(M, H, d) per-head norm over d with an (H, d) weight (q/k norm)."""
+        ...
+
+    def norm_add_norm(self, x: Tensor, w1: Tensor, residual: Tensor, w2: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+        """Fused ``rms_norm(x, w1)`` -> add into ``residual`` -> ``rms_norm(r, w2)``.  Returns (y, r)."""
+        ...
+
+    def bcdt_rms_norm(
+        self, bcdt: Tensor, wB: Tensor, wC: Tensor, wdt: Tensor, eps: float
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """The Mamba B, C and dt pre-norms over one (M, 2N + R) row: returns (B, C, dt)."""
+        ...
+
+    def qk_norm_rope(
+        self,
+        qkv: Tensor,
+        q_weight: Tensor,
+        k_weight: Tensor,
+        eps: float,
+        cos: Tensor,
+        sin: Tensor,
+        k_cache: Tensor,
+        v_cache: Tensor,
+        seq_index: Tensor,
+        positions: Tensor,
+    ) -> Tensor:
+        """(M, (Hq + 2 Hkv) d) qkv: per-head q/k norms and NeoX RoPE (fp32 (M, d) cos/sin), K and V
+        stored at ``cache[seq_index, positions]``.  Returns q (M, Hq, d)."""
         ...
 
     def silu_mul(self, x: Tensor) -> Tensor:

@@ -206,7 +206,7 @@ def _chunk_pass_kernel(
 
 # (BLOCK_M, BLOCK_K, BLOCK_P, warps, stages), chosen by their sm90 resource use (ptxas, Triton 3.9 on
 # the CPU: 168-210 registers, no spills; BLOCK_P = 128 with 4 warps spills).  BLOCK_M = 32 runs on
-# mma.sync, BLOCK_M >= 64 on wgmma.  The wgmma race vLLM filters (kernel-notes 6.2: a register-
+# mma.sync, BLOCK_M >= 64 on wgmma.  The wgmma race vLLM filters (docs/kernels.md §4.7: a register-
 # operand dot left in flight across the loop back-edge) needs one dot per iteration; here each
 # iteration's C.B^T dot waits for the previous P.x dot, as in flash attention.  The benchmark
 # still checks every config alone with NaN-poisoned outputs.

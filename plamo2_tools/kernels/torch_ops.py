@@ -230,3 +230,49 @@ def attention(
             )
             out[q0 + a : q0 + b] = o[0].transpose(0, 1)
     return out
+
+
+# ---- fusions (one launch each in the Triton backend; the same rounding points here) ------------
+def norm_add_norm(x: Tensor, w1: Tensor, residual: Tensor, w2: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    """rms(x; w1) rounded, added into the residual (rounded), then rms(r; w2).  Returns (y, r)."""
+    return rms_norm(rms_norm(x, w1, eps)[0], w2, eps, residual)
+
+
+def bcdt_rms_norm(bcdt: Tensor, wB: Tensor, wC: Tensor, wdt: Tensor, eps: float) -> tuple[Tensor, Tensor, Tensor]:
+    N = wB.shape[0]
+    B, C, dt = bcdt[:, :N], bcdt[:, N : 2 * N], bcdt[:, 2 * N :]
+    return (
+        _rms(B, wB, eps).to(bcdt.dtype),
+        _rms(C, wC, eps).to(bcdt.dtype),
+        _rms(dt, wdt, eps).to(bcdt.dtype),
+    )
+
+
+def _rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+
+
+def qk_norm_rope(
+    qkv: Tensor,
+    q_weight: Tensor,
+    k_weight: Tensor,
+    eps: float,
+    cos: Tensor,
+    sin: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    seq_index: Tensor,
+    positions: Tensor,
+) -> Tensor:
+    """Per-head q/k norms + NeoX RoPE in fp32 (one rounding), K/V written into the caches."""
+    T = qkv.shape[0]
+    Hq, d = q_weight.shape
+    Hkv = k_weight.shape[0]
+    q, k, v = qkv.split([Hq * d, Hkv * d, Hkv * d], dim=-1)
+    cos, sin = cos.reshape(T, 1, d).float(), sin.reshape(T, 1, d).float()
+    q = _rope(_rms(q.reshape(T, Hq, d), q_weight, eps), cos, sin)
+    k = _rope(_rms(k.reshape(T, Hkv, d), k_weight, eps), cos, sin)
+    k_cache[seq_index, positions] = k.to(k_cache.dtype)
+    v_cache[seq_index, positions] = v.reshape(T, Hkv, d).to(v_cache.dtype)
+    return q.to(qkv.dtype)

@@ -7,6 +7,7 @@ import torch
 from plamo2_tools.kernels import torch_ops
 from plamo2_tools.kernels.attention import decode_attention
 from plamo2_tools.kernels.conv1d import causal_conv1d, causal_conv1d_update
+from plamo2_tools.kernels.fused import bcdt_rms_norm, norm_add_norm, qk_norm_rope
 from plamo2_tools.kernels.norm import head_rms_norm, rms_norm
 from plamo2_tools.kernels.ssd import ssd_chunk_scan
 from plamo2_tools.kernels.state_update import ssd_state_update
@@ -14,9 +15,12 @@ from plamo2_tools.kernels.swiglu import silu_mul
 
 __all__ = [
     "attention",
+    "bcdt_rms_norm",
     "causal_conv1d",
     "causal_conv1d_update",
     "head_rms_norm",
+    "norm_add_norm",
+    "qk_norm_rope",
     "rms_norm",
     "silu_mul",
     "ssd_chunk_scan",

@@ -2,8 +2,9 @@
 other steps leave behind: lm-eval results, verify results, convert and kernel benchmarks, and the
 --json output of convert / check / inspect.
 
-Inputs are recognised by content; the output is deterministic (sorted inputs, fixed figure sizes,
-no timestamps but the optional "generated" line), so a report can be committed and diffed.
+Our inputs are recognised by their "kind" and "schema_version", lm-eval's by its own structure
+(see inputs.py); the output is deterministic (sorted inputs, fixed figure sizes, no timestamps but
+the optional "generated" line), so a report can be committed and diffed.
 """
 
 from __future__ import annotations
@@ -17,18 +18,21 @@ from typing import Any
 
 from .. import __version__
 from ..errors import EnvironmentLimitError, UserError
-from . import bench_convert, bench_kernels, bench_runtime, lmeval, tools, verify
+from . import bench_convert, bench_kernels, bench_runtime, checks, lmeval, tools, verify
 from .context import Context
 from .inputs import (
     BENCH_CONVERT,
     BENCH_KERNELS,
     BENCH_RUNTIME,
+    BENCH_TOKENIZER,
     CHECK,
     CONVERT,
     INSPECT,
+    KILL_RESUME,
     KINDS,
     LMEVAL,
     VERIFY,
+    VLLM_COMPAT,
     Doc,
     Skipped,
     collect,
@@ -45,6 +49,7 @@ SECTIONS: list[tuple[tuple[str, ...], str, Renderer]] = [
     ((BENCH_CONVERT,), "Convert benchmark", bench_convert.render),
     ((BENCH_KERNELS,), "Kernel benchmark", bench_kernels.render),
     ((BENCH_RUNTIME,), "Runtime throughput", bench_runtime.render),
+    ((VLLM_COMPAT, BENCH_TOKENIZER, KILL_RESUME), "Compatibility and robustness", checks.render),
     ((CONVERT, CHECK, INSPECT), "Tool output", tools.render),
 ]
 

@@ -1,6 +1,8 @@
 """Convert benchmark (`"kind": "plamo2-bench-convert"`, written by bench/convert.py): convert wall
 time per TP × PP split against `cp -r` (and `cp -r` + `sync`) of the same checkpoint measured in
-the same run, peak memory, and whether the targets were met."""
+the same run, peak memory, and whether the targets were met; where the file has them, where the
+time went (Python start-up vs the conversion itself, CPU) and how the bytes were copied, and the
+cost of checking Hugging Face cache blobs' sha256."""
 
 from __future__ import annotations
 
@@ -12,6 +14,8 @@ from .markdown import code, nbytes, pretty, ratio, seconds, table
 from .plots import PALETTE, figure
 
 HEADERS = ["Layout", "convert", "÷ cp -r", "÷ cp -r + sync", "peak RSS", "targets met"]
+DETAIL_HEADERS = ["Layout", "options", "inside", "start-up", "CPU user + sys", "kernel copy", "user copy",
+                  "gather", "compute"]  # fmt: skip
 
 
 def render(docs: list[Doc], ctx: Context) -> list[str]:
@@ -31,9 +35,14 @@ def file_section(doc: Doc, ctx: Context) -> list[str]:
         f"{ckpt.get('preset', '?')} checkpoint of {nbytes(ckpt.get('bytes'))}, largest tensor {nbytes(largest)}; "
         f"{machine.get('cpus', '?')} CPUs; page cache {d.get('options', {}).get('cache', '?')}; "
         f"`cp -r` {seconds(base.get('cp_s'))}, `cp -r` + `sync` {seconds(base.get('cp_sync_s'))}; "
-        f"sha256 {pretty('gbps', machine.get('sha256_single_thread_GBps'))} GB/s per thread.",
+        f"sha256 {pretty('gbps', machine.get('sha256_single_thread_GBps'))} GB/s per thread"
+        + (f", xxh3-128 {pretty('gbps', machine['xxh3_128_single_thread_GBps'])} GB/s"
+           if "xxh3_128_single_thread_GBps" in machine else "")
+        + (f"; load {machine['loadavg_before'][0]:.1f} before, {machine['loadavg_after'][0]:.1f} after"
+           if machine.get("loadavg_before") and machine.get("loadavg_after") else "")
+        + ".",
         "",
-    ]
+    ]  # fmt: skip
     rows = []
     for r in d["results"]:
         met = r.get("targets", {})
@@ -43,9 +52,10 @@ def file_section(doc: Doc, ctx: Context) -> list[str]:
             nbytes(r.get("peak_rss_bytes")), "no: " + ", ".join(missed) if missed else "yes",
         ])  # fmt: skip
     lines += table(HEADERS, rows, right=(1, 2, 3, 4))
+    lines += _details(d)
     lines += [
         "",
-        f"Targets: wall ≤ {targets.get('ratio', 1.5)}× the copy, peak RSS ≤ largest tensor + 512 MiB "
+        f"Targets: wall ≤ {targets.get('ratio', 1.5)}× `cp -r`, peak RSS ≤ largest tensor + 512 MiB "
         f"({nbytes(targets.get('peak_rss_bytes'))}). Command: `{d.get('command', '?')}`.",
         "",
     ]
@@ -54,12 +64,40 @@ def file_section(doc: Doc, ctx: Context) -> list[str]:
     return lines + [ctx.image(path, f"convert vs cp -r time per layout, {doc.name}"), ""]
 
 
+def _details(d: dict[str, Any]) -> list[str]:
+    """Where the time went and how the bytes were made (files from bench/convert.py that say so)."""
+    results = [r for r in d["results"] if r.get("convert_seconds") is not None and r.get("copy")]
+    lines: list[str] = []
+    if results:
+        rows = []
+        for r in results:
+            made = r["copy"].get("bytes", {})
+            rows.append([
+                f"TP{r.get('tp')}×PP{r.get('pp')}", code(r["options"]) if r.get("options") else "",
+                seconds(r["convert_seconds"]),
+                seconds(r["wall_s"] - r["convert_seconds"]), f"{seconds(r.get('user_s'))} + {seconds(r.get('sys_s'))}",
+                nbytes(made.get("copy_file_range", 0) + made.get("sendfile", 0)), nbytes(made.get("user")),
+                nbytes(made.get("gather")), nbytes(made.get("compute")),
+            ])  # fmt: skip
+        lines += ["", "Where the time goes (medians; *inside* is the conversion, *start-up* the Python and PyTorch "
+                  "imports before it):", ""]  # fmt: skip
+        lines += table(DETAIL_HEADERS, rows, right=(2, 3, 4, 5, 6, 7, 8))
+    blob = d.get("blob_check")
+    if blob:
+        lines += ["", f"Hugging Face cache layout, {blob['split']}: {seconds(blob['verify_blobs_s'])} with "
+                  f"`--verify-blobs` (sha256 of every blob against its name), {seconds(blob['no_verify_blobs_s'])} "
+                  "without."]  # fmt: skip
+    return lines
+
+
 def _layout(r: dict[str, Any]) -> str:
-    return f"TP{r.get('tp')}×PP{r.get('pp')}"
+    """TP2×PP1, with a variant's options after it."""
+    return f"TP{r.get('tp')}×PP{r.get('pp')}" + (f" {code(r['options'])}" if r.get("options") else "")
 
 
 def plot(results: list[dict[str, Any]], cp: float | None, cp_sync: float | None, path: Any, title: str) -> None:
     """Convert time per layout as bars, the two copy baselines as horizontal lines."""
+    results = [r for r in results if not r.get("options")]  # the plain runs; variants are in the table
     walls = [float(r.get("wall_s") or 0.0) for r in results]
     with figure(path) as (ax,):
         xs = list(range(len(results)))

@@ -1,5 +1,6 @@
-"""GPU kernel benchmark: `bench/kernels.py` output (kernels.json = {"env", "records"}, or the
-streamed kernels.jsonl), a `"kind": "plamo2-bench-kernels"` file, or bare measurement records.
+"""GPU kernel benchmark: `bench/kernels.py` output (`"kind": "plamo2-bench-kernels"`): kernels.json
+= {"kind", "schema_version", "env", "records"}, or the streamed kernels.jsonl, whose runs each start
+with a {"kind", "schema_version"} line.
 
 Per kernel, our implementations against their peers shape by shape, a correctness digest, and a
 plot of our speed-up over the fastest peer.  Records need only "kernel" and "impl"; everything
@@ -88,7 +89,7 @@ def first(record: dict[str, Any], names: tuple[str, ...]) -> float | None:
 
 
 def _value_text(value: Any) -> str:
-    return str(value).removeprefix("torch.")
+    return str(value).removeprefix("torch.")  # JSON records may hold "torch.bfloat16"
 
 
 def shape_label(record: dict[str, Any]) -> str:
@@ -208,7 +209,7 @@ def kernel_meta(data: Any) -> dict[str, Any]:
     ("done"), totals ("final"), section errors, and plain header lines of a stream."""
     meta: dict[str, Any] = {}
     if isinstance(data, dict) and not is_kernel_record(data):
-        meta.update({k: v for k, v in data.items() if k not in KERNEL_LIST_KEYS and k != "kind"})
+        meta.update({k: v for k, v in data.items() if k not in (*KERNEL_LIST_KEYS, "kind", "schema_version")})
     for r in all_records(data):
         if is_kernel_record(r):
             continue

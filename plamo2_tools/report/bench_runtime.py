@@ -1,30 +1,161 @@
-"""Runtime throughput (`"kind": "plamo2-bench-runtime"`, written by bench/runtime.py): prefill and
-decode tokens/s per kernel backend, with the Triton / PyTorch ratio where both ran."""
+"""Runtime throughput (`"kind": "plamo2-bench-runtime"`, written by bench/runtime.py and
+bench/gsm8k.py): decode tokens/s per batch size for each (kernels, CUDA graphs or eager) pair
+against the weight-read floor measured in the same run, prefill tokens/s, and GSM8K wall time.
+
+Files whose records carry no `mode` (the first bench/runtime.py: eager only, no floor) render in
+the original one-row-per-record table.
+"""
 
 from __future__ import annotations
 
+from typing import Any
+
 from .context import Context
 from .inputs import Doc
-from .markdown import code, table
+from .markdown import MISSING, code, is_number, table
+
+# Decode targets of issue 11 (synthetic plamo-2-1b, bf16, one H200), by batch size.
+DECODE_TARGETS = {1: 800.0, 64: 25_000.0, 256: 50_000.0}
+GSM8K_TARGET_S = 40.0
 
 
 def render(docs: list[Doc], ctx: Context) -> list[str]:
     lines = ["## Runtime throughput", ""]
     for doc in docs:
         d = doc.data
-        lines += [
-            f"### {code(doc.name)}",
-            "",
-            f"{d.get('gpu', '?')} · torch {d.get('torch', '?')} · shards {code(d.get('shards', '?'))}",
-            "",
-        ]
-        speed = {
-            (r["backend"], r["phase"], r.get("tokens", r.get("batch"))): r["tokens_per_s"] for r in d.get("runs", [])
-        }
-        rows = []
-        for (backend, phase, size), tps in sorted(speed.items(), key=lambda kv: (kv[0][1], kv[0][2], kv[0][0])):
-            other = speed.get(("torch", phase, size)) if backend != "torch" else None
-            what = f"T = {size}" if phase == "prefill" else f"batch {size}"
-            rows.append([phase, what, backend, f"{tps:,.1f}", f"{tps / other:.2f}×" if other else ""])
-        lines += [*table(["phase", "size", "kernels", "tokens/s", "vs torch"], rows, right=(3, 4)), ""]
+        runs = [r for r in d.get("runs", []) if isinstance(r, dict)]
+        lines += [f"### {code(doc.name)}", "", _header(d), ""]
+        if not any("mode" in r for r in runs):
+            lines += _legacy_table(runs) + [""]
+            continue
+        decode = [r for r in runs if r.get("phase") == "decode"]
+        prefill = [r for r in runs if r.get("phase") == "prefill"]
+        gsm8k = [r for r in runs if r.get("phase") == "gsm8k"]
+        if decode:
+            lines += _decode_table(decode, d) + [""]
+        if prefill:
+            lines += _prefill_table(prefill) + [""]
+        if gsm8k:
+            lines += _gsm8k(d, gsm8k) + [""]
+        if isinstance(d.get("profile_decode"), dict):
+            lines += _profile(d["profile_decode"]) + [""]
+    return lines
+
+
+def _legacy_table(runs: list[dict[str, Any]]) -> list[str]:
+    speed = {(r.get("backend"), r.get("phase"), r.get("tokens", r.get("batch"))): r.get("tokens_per_s") for r in runs}
+    rows = []
+    for (backend, phase, size), tps in sorted(speed.items(), key=lambda kv: (str(kv[0][1]), kv[0][2], str(kv[0][0]))):
+        other = speed.get(("torch", phase, size)) if backend != "torch" else None
+        what = f"T = {size}" if phase == "prefill" else f"batch {size}"
+        ratio = f"{tps / other:.2f}×" if is_number(tps) and is_number(other) and other else ""
+        rows.append([phase, what, backend, f"{tps:,.1f}" if is_number(tps) else MISSING, ratio])
+    return table(["phase", "size", "kernels", "tokens/s", "vs torch"], rows, right=(3, 4))
+
+
+def _profile(prof: dict[str, Any]) -> list[str]:
+    """Per batch size: kernel time and launches per decode step, and the largest kernels."""
+    batches = prof.get("batches") or {}
+    lines = ["Where a decode step's GPU time goes" + (f" ({prof['how']})" if prof.get("how") else "") + ":", ""]
+    rows = []
+    for b, v in batches.items():
+        top = v.get("top_kernels") or []
+        names = "; ".join(f"{k['name'][:40]} {k['us_per_step']:.0f} µs" for k in top[:4] if isinstance(k, dict))
+        us, n = v.get("step_gpu_us"), v.get("launches_per_step")
+        rows.append([b, f"{us:,.0f}" if is_number(us) else MISSING, f"{n:.0f}" if is_number(n) else MISSING, names])
+    return lines + table(["batch", "kernel µs / step", "launches / step", "largest kernels"], rows, right=(0, 1, 2))
+
+
+def _header(d: dict[str, Any]) -> str:
+    parts = [str(d.get("gpu", "?")), f"torch {d.get('torch', '?')}", f"shards {code(d.get('shards', '?'))}"]
+    if d.get("label"):
+        parts.insert(0, f"**{d['label']}**")
+    bw = d.get("copy_bandwidth_GBps")
+    if is_number(bw):
+        parts.append(f"copy {bw:,.0f} GB/s (read + write)")
+    floor = d.get("floor") or {}
+    if is_number(floor.get("weight_read_ms")):
+        parts.append(f"weight-read floor {floor['weight_read_ms']:.3f} ms/step")
+    if is_number(d.get("context")):
+        parts.append(f"context {d['context']} + {d.get('decode_steps', '?')} decode steps")
+    return " · ".join(parts)
+
+
+def _column(r: dict[str, Any]) -> str:
+    return f"{r.get('backend', '?')} {r.get('mode', 'eager')}"
+
+
+def _tps(value: Any) -> str:
+    return f"{value:,.0f}" if is_number(value) else MISSING
+
+
+def _decode_table(runs: list[dict[str, Any]], d: dict[str, Any]) -> list[str]:
+    columns = sorted({_column(r) for r in runs}, key=lambda c: (not c.startswith("triton"), "eager" in c, c))
+    by = {(r.get("batch"), _column(r)): r for r in runs}
+    batches = sorted({r.get("batch") for r in runs if is_number(r.get("batch"))})
+    best = columns[0]
+    headers = ["batch", *[f"{c} tok/s" for c in columns], "floor tok/s", f"{best} / floor"]
+    headers += [f"{best} / {c}" for c in columns[1:]]
+    if d.get("label", "").endswith("1b") or "1b" in str(d.get("shards", "")):
+        headers.append("target")
+    rows = []
+    for b in batches:
+        first = by.get((b, best), {})
+        row: list[Any] = [b, *[_tps(by.get((b, c), {}).get("tokens_per_s")) for c in columns]]
+        floor = next((by[(b, c)].get("floor_tokens_per_s") for c in columns if (b, c) in by), None)
+        row.append(_tps(floor))
+        top = first.get("tokens_per_s")
+        row.append(f"{top / floor:.0%}" if is_number(top) and is_number(floor) and floor else MISSING)
+        for c in columns[1:]:
+            other = by.get((b, c), {}).get("tokens_per_s")
+            row.append(f"{top / other:.1f}×" if is_number(top) and is_number(other) and other else MISSING)
+        if len(headers) > len(row):
+            target = DECODE_TARGETS.get(b)
+            row.append(MISSING if target is None else f"≥ {target:,.0f} {'met' if (top or 0) >= target else 'missed'}")
+        rows.append(row)
+    return ["Decode tokens/s (all sequences together):", "", *table(headers, rows, right=range(len(headers)))]
+
+
+def _prefill_table(runs: list[dict[str, Any]]) -> list[str]:
+    columns = sorted({r.get("backend", "?") for r in runs})
+    by = {(r.get("tokens"), r.get("backend", "?")): r.get("tokens_per_s") for r in runs}
+    sizes = sorted({r.get("tokens") for r in runs if is_number(r.get("tokens"))})
+    headers = ["prefill T", *[f"{c} tok/s" for c in columns]]
+    ratio = "triton" in columns and "torch" in columns
+    if ratio:
+        headers.append("triton / torch")
+    rows = []
+    for t in sizes:
+        row: list[Any] = [t, *[_tps(by.get((t, c))) for c in columns]]
+        if ratio:
+            a, b = by.get((t, "triton")), by.get((t, "torch"))
+            row.append(f"{a / b:.2f}×" if is_number(a) and is_number(b) and b else MISSING)
+        rows.append(row)
+    return table(headers, rows, right=range(len(headers)))
+
+
+def _gsm8k(d: dict[str, Any], runs: list[dict[str, Any]]) -> list[str]:
+    wall = d.get("wall_seconds")
+    status = "complete" if d.get("complete", True) else "**incomplete**"
+    verdict = ""
+    if is_number(wall) and d.get("complete", True):
+        verdict = f" (target ≤ {GSM8K_TARGET_S:.0f} s: {'met' if wall <= GSM8K_TARGET_S else 'missed'})"
+    lines = [
+        f"GSM8K offline ({status}): {d.get('documents', MISSING)} documents, batch {d.get('batch_size', MISSING)}, "
+        f"continuous batching {'on' if d.get('continuous_batching') else 'off'}, wall "
+        f"{wall:.1f} s{verdict}."
+        if is_number(wall)
+        else f"GSM8K offline ({status}): no wall time.",
+        "",
+    ]
+    split = d.get("split_seconds") or {}
+    if split:
+        lines += table(["part", "seconds"], [[k, f"{v:.2f}" if is_number(v) else MISSING] for k, v in split.items()],
+                       right=(1,)) + [""]  # fmt: skip
+    metrics = d.get("metrics") or {}
+    if metrics:
+        lines += [", ".join(f"{k} {v:.4f}" for k, v in metrics.items() if is_number(v)), ""]
+    if d.get("note"):
+        lines += [f"_{d['note']}_", ""]
+    del runs
     return lines

@@ -1,9 +1,13 @@
-"""Find the JSON inputs of a report and recognise what each one is by its content.
+"""Find the JSON inputs of a report and recognise what each one is.
 
-File names carry no meaning here: lm-eval stamps its results with the time, benchmarks may stream
-to any name, and users rename things.  Directories are searched recursively for *.json and *.jsonl
-(hidden directories such as .git are left out); anything that is not one of the known kinds is
-skipped with a note, never an error.
+Our own result files say what they are: each carries `"kind"` and `"schema_version"`, defined
+beside the code that writes it (CONVERT_KIND in convert/engine.py, VERIFY_KIND in
+runtime/verify.py, ...), and that is all the report goes by; a file of ours in a version this
+report does not read is skipped with a note saying so.  lm-eval's own results files are the one
+external format: they are recognised by the structure lm-eval 0.4 documents for them.
+File names carry no meaning (lm-eval stamps its results with the time, users rename things).
+Directories are searched recursively for *.json and *.jsonl (hidden directories such as .git are
+left out); anything else is skipped with a note, never an error.
 """
 
 from __future__ import annotations
@@ -11,23 +15,35 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..convert.engine import CONVERT_KIND
 from ..errors import UserError
+from ..eval.harness import EVAL_KIND
+from ..inspect import INSPECT_KIND
+from ..runtime.verify import VERIFY_KIND
+from ..shards.check import CHECK_KIND
 
 log = logging.getLogger(__name__)
 
 SUFFIXES = (".json", ".jsonl")
-HEAD_LINES = 5  # a streamed benchmark may start with a few header lines before its records
-# lm-eval's results file always has "configs" too; `plamo2-tools eval --json` keeps only these.
-LMEVAL_KEYS = ("results", "versions", "n-shot", "config")
 KERNEL_RECORD_KEYS = ("kernel", "impl")
-KERNEL_LIST_KEYS = ("records", "results", "measurements", "rows", "runs", "data")
+KERNEL_LIST_KEYS = ("records",)  # where a kernels.json keeps its records
 
-# Kind names, in the order the report shows its sections.
+# Kinds written by the benchmark scripts under bench/, which are not part of the installed package
+# (bench/kernels.py even sets up Triton when imported), so the report cannot import them: each
+# script defines KIND and SCHEMA_VERSION, and tests/report/test_report_kinds.py keeps these equal.
+BENCH_CONVERT_KIND = "plamo2-bench-convert"  # bench/convert.py
+BENCH_KERNELS_KIND = "plamo2-bench-kernels"  # bench/kernels.py: kernels.json, kernels.jsonl
+BENCH_RUNTIME_KIND = "plamo2-bench-runtime"  # bench/runtime.py
+VLLM_COMPAT_KIND = "plamo2-vllm-compat"  # bench/vllm_compat.py
+BENCH_TOKENIZER_KIND = "plamo2-bench-tokenizer"  # bench/tokenizer.py
+KILL_RESUME_KIND = "plamo2-bench-kill-resume"  # bench/kill_resume.py
+
+# Report sections, in the order the report shows them (the names appear in "Read as" and --json).
 LMEVAL = "lm-eval"
 VERIFY = "verify"
 BENCH_CONVERT = "bench-convert"
@@ -36,7 +52,40 @@ BENCH_RUNTIME = "bench-runtime"
 CONVERT = "convert"
 CHECK = "check"
 INSPECT = "inspect"
-KINDS = (LMEVAL, VERIFY, BENCH_CONVERT, BENCH_KERNELS, BENCH_RUNTIME, CONVERT, CHECK, INSPECT)
+VLLM_COMPAT = "vllm-compat"
+BENCH_TOKENIZER = "bench-tokenizer"
+KILL_RESUME = "kill-resume"
+KINDS = (LMEVAL, VERIFY, BENCH_CONVERT, BENCH_KERNELS, BENCH_RUNTIME, VLLM_COMPAT, BENCH_TOKENIZER, KILL_RESUME,
+         CONVERT, CHECK, INSPECT)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Schema:
+    """One kind of our files as this report reads it: the section that renders it, the schema
+    versions that section was written for (a writer that bumps its version must add it here once
+    the section reads it), and the top-level fields the section needs, with their JSON types."""
+
+    section: str
+    versions: tuple[int, ...]
+    fields: Mapping[str, type | tuple[type, ...]]
+
+
+SCHEMAS: dict[str, Schema] = {
+    EVAL_KIND: Schema(LMEVAL, (1,), {"results": dict}),
+    VERIFY_KIND: Schema(VERIFY, (1,), {"layouts": list}),
+    BENCH_CONVERT_KIND: Schema(BENCH_CONVERT, (1,), {"baseline": dict, "results": list}),
+    BENCH_KERNELS_KIND: Schema(BENCH_KERNELS, (1,), {"records": list}),  # kernels.jsonl: the lines are the records
+    BENCH_RUNTIME_KIND: Schema(BENCH_RUNTIME, (1,), {"runs": list}),
+    CONVERT_KIND: Schema(CONVERT, (1,), {"tp": int, "pp": int, "ranks": list}),
+    CHECK_KIND: Schema(CHECK, (1,), {"path": str, "ok": bool, "checks": dict}),
+    INSPECT_KIND: Schema(INSPECT, (1,), {"path": str, "config": dict, "layers": list}),
+    VLLM_COMPAT_KIND: Schema(VLLM_COMPAT, (1,), {"summary": dict, "cases": list}),
+    BENCH_TOKENIZER_KIND: Schema(BENCH_TOKENIZER, (1,), {"summary": dict}),
+    KILL_RESUME_KIND: Schema(KILL_RESUME, (1,), {"trials": list, "all_identical": bool}),
+}
+# lm-eval 0.4's aggregated results file (EvaluationTracker.save_results_aggregated): these keys,
+# each a JSON object, are always there; "configs" tells it from a digest of it.
+LMEVAL_FIELDS = ("results", "configs", "versions", "n-shot", "config")
 
 
 @dataclass(frozen=True)
@@ -85,8 +134,8 @@ def _walk(root: Path) -> list[tuple[Path, str]]:
 def load(path: Path) -> Any:
     """JSON, or JSON Lines when the file is not one JSON value (a streamed benchmark).
 
-    A JSON Lines file is only read past its first lines when they hold a kernel measurement or
-    header: lm-eval's samples files are JSON Lines too and can be tens of megabytes.
+    A JSON Lines file is read past its first line only when that line declares a kind of ours:
+    lm-eval's samples files are JSON Lines too and can be tens of megabytes.
     """
     text = path.read_text(encoding="utf-8")
     try:
@@ -96,9 +145,9 @@ def load(path: Path) -> Any:
     lines = [line for line in text.splitlines() if line.strip()]
     if not lines:
         raise ValueError("empty file")
-    head = [json.loads(line) for line in lines[:HEAD_LINES]]  # a ValueError here means: not JSON at all
-    if not any(isinstance(r, dict) and (is_kernel_record(r) or r.get("kind") == "plamo2-bench-kernels") for r in head):
-        return head  # enough to tell that it is something else
+    head = json.loads(lines[0])  # a ValueError here means: not JSON at all
+    if not (isinstance(head, dict) and "kind" in head):
+        return [head]  # enough to tell that it is something else
     records = []
     for i, line in enumerate(lines, 1):
         try:
@@ -109,47 +158,60 @@ def load(path: Path) -> Any:
     return records
 
 
-def classify(data: Any) -> str | None:
-    """The kind of one loaded input, or None when it is none of the known ones."""
-    if isinstance(data, list):
-        return BENCH_KERNELS if kernel_records(data) else None
+def classify(data: Any) -> tuple[str | None, str]:
+    """(report section, "") for a file this report reads, else (None, why it is skipped)."""
+    if isinstance(data, list):  # JSON Lines: the first line is the stream's header
+        header = data[0] if data and isinstance(data[0], dict) and "kind" in data[0] else None
+        if header is None:
+            return None, f"not a recognised results file (a JSON {type(data).__name__})"
+        return _by_kind(header, [r for r in data if isinstance(r, dict) and "kind" in r], stream=True)
     if not isinstance(data, dict):
-        return None
-    kind = data.get("kind")
-    if kind == "plamo2-verify":
-        return VERIFY
-    if (
-        kind == "plamo2-bench-convert"
-        and isinstance(data.get("baseline"), dict)
-        and isinstance(data.get("results"), list)
-    ):
-        return BENCH_CONVERT
-    if kind == "plamo2-bench-runtime" and isinstance(data.get("runs"), list):
-        return BENCH_RUNTIME
-    if kind == "plamo2-bench-kernels" or (kind is None and kernel_records(data)):
-        return BENCH_KERNELS  # bench/kernels.py writes {"env": ..., "records": [...]} without a kind
-    if all(k in data for k in LMEVAL_KEYS) and isinstance(data["results"], dict):
-        return LMEVAL
-    if {"status", "tp", "pp", "ranks"} <= data.keys():
-        return CONVERT
-    if {"path", "ok", "checks"} <= data.keys() and isinstance(data["checks"], dict):
-        return CHECK
-    if kind in ("hf", "shards") and {"path", "config", "layers"} <= data.keys():
-        return INSPECT
-    return None
+        return None, f"not a recognised results file (a JSON {type(data).__name__})"
+    if "kind" in data:
+        return _by_kind(data, [data], stream=False)
+    if all(isinstance(data.get(k), dict) for k in LMEVAL_FIELDS):
+        return LMEVAL, ""
+    return None, "not a recognised results file" + _keys_hint(data)
+
+
+def _by_kind(first: dict[str, Any], headers: list[dict[str, Any]], stream: bool) -> tuple[str | None, str]:
+    """Recognise one of our files by its kind and version; `headers` are every declaration in the
+    file (a benchmark stream that was appended to by a rerun starts each run with one)."""
+    kind = first["kind"]
+    schema = SCHEMAS.get(kind) if isinstance(kind, str) else None
+    if schema is None:
+        return None, f"kind {kind!r} is not one this report reads"
+    if any(h.get("kind") != kind for h in headers):
+        return None, f"{kind} stream holds more than one kind"
+    versions = sorted({repr(h.get("schema_version")) for h in headers})
+    if any(h.get("schema_version") not in schema.versions for h in headers):
+        known = ", ".join(map(str, schema.versions))
+        return None, f"{kind} schema_version {', '.join(versions)}: this plamo2-tools reads version {known}"
+    if stream:
+        if kind != BENCH_KERNELS_KIND:
+            return None, f"{kind} as JSON Lines: only {BENCH_KERNELS_KIND} streams its records"
+        return schema.section, ""
+    missing = [name for name, t in schema.fields.items() if not _is(first.get(name), t)]
+    if missing:
+        return None, f"{kind} version {first['schema_version']} without a valid {', '.join(missing)}"
+    return schema.section, ""
+
+
+def _is(value: Any, types: type | tuple[type, ...]) -> bool:
+    if isinstance(value, bool):  # a JSON true is no count, though Python's bool is an int
+        return bool in (types if isinstance(types, tuple) else (types,))
+    return isinstance(value, types)
 
 
 def all_records(data: Any) -> list[dict[str, Any]]:
-    """Every record of a kernel benchmark (measurements and bookkeeping), wherever the file keeps them."""
+    """Every record of a kernel benchmark (measurements and bookkeeping) but the kind headers."""
     if isinstance(data, dict):
-        if is_kernel_record(data):
-            return [data]
         for key in KERNEL_LIST_KEYS:
             if isinstance(data.get(key), list):
                 return all_records(data[key])
         return []
     if isinstance(data, list):
-        return [r for r in data if isinstance(r, dict)]
+        return [r for r in data if isinstance(r, dict) and "kind" not in r]
     return []
 
 
@@ -172,9 +234,9 @@ def collect(inputs: Iterable[Path]) -> tuple[list[Doc], list[Skipped]]:
         except (OSError, UnicodeDecodeError, ValueError) as e:
             skipped.append(_skip(name, f"not readable as JSON ({type(e).__name__})"))
             continue
-        kind = classify(data)
+        kind, reason = classify(data)
         if kind is None:
-            skipped.append(_skip(name, "not a recognised results file" + _keys_hint(data)))
+            skipped.append(_skip(name, reason))
         else:
             docs.append(Doc(path, name, kind, data))
     return _dedupe(docs, skipped)
@@ -188,7 +250,7 @@ def _dedupe(docs: list[Doc], skipped: list[Skipped]) -> tuple[list[Doc], list[Sk
         twin = next((k for k in kept if k.kind == doc.kind and _fingerprint(k) == _fingerprint(doc)), None)
         if twin is None:
             kept.append(doc)
-        elif _size(doc) > _size(twin):  # keep the fuller file: lm-eval's own over `eval --json`'s digest
+        elif _size(doc) > _size(twin):  # keep the fullest: results.json, lm-eval's own, `eval --json`'s digest
             kept[kept.index(twin)] = doc
             skipped.append(_skip(twin.name, f"same results as {doc.name}"))
         else:

@@ -14,45 +14,14 @@ from __future__ import annotations
 import os
 import queue
 import threading
-from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 import torch.distributed as dist
 
+from ..parallel import RankInfo, stage_groups
+
 Tensor = torch.Tensor
-
-
-@dataclass(frozen=True)
-class RankInfo:
-    rank: int
-    tp: int
-    pp: int
-
-    @property
-    def tp_rank(self) -> int:
-        return self.rank % self.tp
-
-    @property
-    def pp_rank(self) -> int:
-        return self.rank // self.tp
-
-    @property
-    def world_size(self) -> int:
-        return self.tp * self.pp
-
-    @property
-    def is_first_stage(self) -> bool:
-        return self.pp_rank == 0
-
-    @property
-    def is_last_stage(self) -> bool:
-        return self.pp_rank == self.pp - 1
-
-    @property
-    def last_stage_root(self) -> int:
-        """The rank that broadcasts results: TP rank 0 of the last stage."""
-        return (self.pp - 1) * self.tp
 
 
 class Comm(Protocol):
@@ -77,8 +46,8 @@ class DistComm:
     def __init__(self, info: RankInfo) -> None:
         self.info = info
         self.tp_group = None
-        for stage in range(info.pp):  # new_group is collective: every rank creates every group
-            group = dist.new_group(list(range(stage * info.tp, (stage + 1) * info.tp)))
+        for stage, ranks in enumerate(stage_groups(info.tp, info.pp)):  # new_group is collective: all create all
+            group = dist.new_group(ranks)
             if stage == info.pp_rank:
                 self.tp_group = group
 
@@ -96,13 +65,13 @@ class DistComm:
 
     def send_next(self, tensors: list[Tensor]) -> None:
         for t in tensors:
-            dist.send(t.contiguous(), self.info.rank + self.info.tp)
+            dist.send(t.contiguous(), self.info.next_rank)
 
     def recv_prev(self, like: list[Tensor]) -> list[Tensor]:
         out = []
         for t in like:
             buf = torch.empty_like(t)
-            dist.recv(buf, self.info.rank - self.info.tp)
+            dist.recv(buf, self.info.prev_rank)
             out.append(buf)
         return out
 
@@ -146,8 +115,7 @@ class LocalComm:
         self.world.tp_barriers[self.info.pp_rank].wait(LocalWorld.TIMEOUT)
 
     def _tp_peers(self) -> list[Tensor]:
-        first = self.info.pp_rank * self.info.tp
-        return [self.world.slots[r] for r in range(first, first + self.info.tp)]  # type: ignore[misc]
+        return [self.world.slots[r] for r in self.info.stage_ranks]  # type: ignore[misc]
 
     def all_reduce(self, x: Tensor) -> Tensor:
         if self.info.tp == 1:
@@ -172,7 +140,7 @@ class LocalComm:
         return out
 
     def send_next(self, tensors: list[Tensor]) -> None:
-        self.world.pipes[self.info.rank + self.info.tp].put([t.clone() for t in tensors])
+        self.world.pipes[self.info.next_rank].put([t.clone() for t in tensors])
 
     def recv_prev(self, like: list[Tensor]) -> list[Tensor]:
         while True:

@@ -1,5 +1,7 @@
-"""The SPMD program every rank runs (prefill in chunks, token-by-token decode, sampling), and the
-`Runtime` that runs it: as real torchrun ranks (one rank per process) or as threads of one process.
+"""The SPMD program every rank runs (prompt logits and scores in chunked prefills; generation by
+continuous batching over decode slots, CUDA-graph decode steps and tokens chosen on the GPU, see
+`generation`, `graphs`, `sampling`), and the `Runtime` that runs it: as real torchrun ranks (one
+rank per process) or as threads of one process.
 
 Every rank sees the same inputs and, through a broadcast from the last stage, the same sampled
 tokens, so all ranks walk the same loop in lock-step and any rank can return the results.
@@ -17,16 +19,21 @@ from typing import Any
 
 import torch
 
-from ..config import Plamo2Config
-from ..convert.manifest import Manifest, load_manifest
 from ..errors import UserError
 from ..kernels import get_ops
-from .comm import Comm, DistComm, LocalComm, LocalWorld, RankInfo
+from ..model.config import Plamo2Config
+from ..parallel import RankInfo
+from ..shards.integrity import verify_rank_files
+from ..shards.manifest import Manifest, load_manifest
+from .comm import Comm, DistComm, LocalComm, LocalWorld
+from .generation import GenerateOptions, GenerationLoop, PhaseTimer, make_requests
+from .graphs import DecodeRunner
 from .model import Batch, RankModel, load_rank_weights
 from .state import LayerState, new_states
 
 Tensor = torch.Tensor
 StopFn = Callable[[int, list[int]], bool]
+DEFAULT_PREFILL_TOKENS = 32768
 
 
 @dataclass
@@ -39,17 +46,28 @@ class RankEngine:
     """One rank's model and the driver loop around it."""
 
     def __init__(
-        self, manifest: Manifest, comm: Comm, device: torch.device, backend: str, prefill_chunk: int | None
+        self,
+        manifest: Manifest,
+        comm: Comm,
+        device: torch.device,
+        backend: str,
+        prefill_chunk: int | None,
+        cuda_graph: bool = True,
+        prefill_tokens: int | None = None,
     ) -> None:
         info = comm.info
         self.cfg: Plamo2Config = manifest.config
         self.comm, self.device, self.prefill_chunk = comm, device, prefill_chunk
+        self.cuda_graph = cuda_graph
+        # Prompt tokens per prefill forward in generate: large forwards keep the GPU's matmuls
+        # efficient; on the CPU there is nothing to gain from splitting.
+        self.prefill_tokens = prefill_tokens or (DEFAULT_PREFILL_TOKENS if device.type == "cuda" else None)
+        self.decode_runner: DecodeRunner | None = None
+        self.timer: PhaseTimer | None = None  # benchmarks: device time of prefill and decode
         self.ops = get_ops(backend, device)
         weights = load_rank_weights(manifest, info.rank, device)
         self.model = RankModel(self.cfg, manifest.mapping.stages[info.pp_rank], weights, self.ops, comm)
         self.layers = [layer.index for layer in self.model.layers]
-        attn = [layer.mixer.kv_heads for layer in self.model.layers if not layer.is_mamba]
-        self.kv_heads = attn[0] if attn else 1
 
     # ---- building batches ----------------------------------------------------------------------
     def _batch(self, chunks: list[list[int]], starts: list[int], decode: bool, logits_index: list[int] | None) -> Batch:
@@ -74,9 +92,7 @@ class RankEngine:
         )
 
     def _states(self, batch: int, capacity: int) -> dict[int, LayerState]:
-        return new_states(
-            self.cfg, self.layers, self.comm.info.tp, self.kv_heads, batch, capacity, self.model.dtype, self.device
-        )
+        return new_states(self.cfg, self.layers, self.model.sizes, batch, capacity, self.model.dtype, self.device)
 
     def _prefill(self, seqs: Sequence[Sequence[int]], states: dict[int, LayerState], all_logits: bool) -> Tensor | None:
         """Run the prompts in chunks of at most `prefill_chunk` tokens per sequence.
@@ -173,7 +189,7 @@ class RankEngine:
     def generate(
         self,
         prompts: Sequence[Sequence[int]],
-        max_new_tokens: int,
+        max_new_tokens: int | Sequence[int],
         eos_token_ids: Sequence[int] = (),
         temperature: float = 0.0,
         top_p: float = 1.0,
@@ -181,56 +197,46 @@ class RankEngine:
         stop: StopFn | None = None,
         return_logits: bool = False,
         on_token: Callable[[int, int], None] | None = None,
+        max_batch: int | None = None,
+        request_keys: Sequence[int] | None = None,
+        sync_every: int = 8,
     ) -> Generation:
-        """Greedy (temperature 0) or sampled continuation of every prompt.
+        """Greedy (temperature 0) or sampled continuation of every prompt (see `generation`).
 
-        `stop(i, tokens)` ends sequence i early (e.g. on a stop string); EOS ids end it too.  All
-        sequences run every decode step (their states never mix) until all have stopped.
+        `max_new_tokens` is one limit or one per prompt.  At most `max_batch` sequences decode at
+        once (default: all); a finished one's slot is refilled with the next prompt.  `stop(i,
+        tokens)` ends sequence i early (e.g. on a stop string); EOS ids end it too (the EOS token is
+        kept).  Sampling draws from a stream keyed on (seed, request_keys[i]) (default: i), so a
+        request samples the same tokens in any batch.  Tokens are looked at every `sync_every`
+        decode steps, not after each one.
         """
-        S, V = len(prompts), self.cfg.vocab_size
-        if max_new_tokens <= 0:
-            return Generation([[] for _ in prompts], [torch.empty(0, V) for _ in prompts] if return_logits else None)
-        states = self._states(S, max(len(p) for p in prompts) + max_new_tokens)
-        logits = self._prefill(prompts, states, all_logits=False)
-        generator = torch.Generator().manual_seed(seed)
-        tokens: list[list[int]] = [[] for _ in range(S)]
-        kept: list[list[Tensor]] = [[] for _ in range(S)]
-        done = [False] * S
-        eos = set(eos_token_ids)
-        for step in range(max_new_tokens):
-            next_ids = None if logits is None else sample(logits, temperature, top_p, generator).to(self.device)
-            next_ids = self._share(next_ids, (S,), torch.long).tolist()
-            if return_logits:
-                shared = self._share(logits, (S, V), torch.float32).cpu()
-            for i in range(S):
-                if done[i]:
-                    continue
-                tokens[i].append(next_ids[i])
-                if return_logits:
-                    kept[i].append(shared[i])
-                if on_token and self.comm.info.rank == 0:  # once, not once per thread rank
-                    on_token(i, next_ids[i])
-                done[i] = next_ids[i] in eos or (stop is not None and stop(i, tokens[i]))
-            if all(done) or step == max_new_tokens - 1:
-                break
-            # Stopped sequences keep running (their outputs are ignored) so shapes stay fixed.
-            starts = [len(p) + step for p in prompts]
-            batch = self._batch([[t] for t in next_ids], starts, decode=True, logits_index=None)
-            logits = self.model.forward(batch, states)
-        return Generation(tokens, [torch.stack(k) if k else torch.empty(0, V) for k in kept] if return_logits else None)
+        S = len(prompts)
+        limits = [int(max_new_tokens)] * S if isinstance(max_new_tokens, int) else [int(m) for m in max_new_tokens]
+        if len(limits) != S:
+            raise ValueError("generate: one max_new_tokens per prompt")
+        requests = make_requests(prompts, limits, seed, request_keys)
+        live = [r for r in requests if r.max_new > 0]
+        if live:
+            slots = max(1, min(max_batch or len(live), len(live)))
+            capacity = max(len(r.prompt) + r.max_new for r in live)
+            runner = self._runner(slots, capacity)
+            sampling = (float(temperature), float(top_p)) if temperature > 0 else (0.0, 1.0)
+            runner.prepare(sampling, slots)
+            options = GenerateOptions(max_batch, max(1, sync_every), return_logits)
+            callback = on_token if self.comm.info.rank == 0 else None  # once, not once per thread rank
+            GenerationLoop(self, runner, requests, sampling, eos_token_ids, stop, callback, options, slots).run()
+        V = self.cfg.vocab_size
+        logits = None
+        if return_logits:
+            logits = [torch.stack(r.logits) if r.logits else torch.empty(0, V) for r in requests]
+        return Generation([r.tokens for r in requests], logits)
 
-
-def sample(logits: Tensor, temperature: float, top_p: float, generator: torch.Generator) -> Tensor:
-    """Greedy for temperature 0, else temperature + nucleus sampling (same result on every rank)."""
-    if temperature <= 0:
-        return logits.argmax(-1)
-    probs = torch.softmax(logits.float().cpu() / temperature, dim=-1)
-    if top_p < 1.0:
-        sorted_p, order = probs.sort(dim=-1, descending=True)
-        keep = sorted_p.cumsum(-1) - sorted_p < top_p  # always keeps the most likely token
-        sorted_p = sorted_p * keep
-        probs = torch.zeros_like(probs).scatter_(-1, order, sorted_p)
-    return torch.multinomial(probs, 1, generator=generator)[:, 0]
+    def _runner(self, slots: int, capacity: int) -> DecodeRunner:
+        """The decode slot pool (and its graphs), kept between calls while it is big enough."""
+        if self.decode_runner is None or not self.decode_runner.fits(slots, capacity):
+            self.decode_runner = None  # free the old pool first
+            self.decode_runner = DecodeRunner(self, slots, capacity, self.cuda_graph)
+        return self.decode_runner
 
 
 # ---- running the SPMD program -------------------------------------------------------------------
@@ -245,7 +251,14 @@ class Runtime:
         prefill_chunk: int | None = None,
         mode: str = "auto",
         trust_remote_code: bool = False,
+        cuda_graph: bool = True,
+        prefill_tokens: int | None = None,
+        verify_files: bool = True,
     ) -> None:
+        """`cuda_graph=False` keeps decode eager on CUDA (the CPU is always eager);
+        `prefill_tokens` caps the prompt tokens of one prefill forward in generate (default 32768
+        on CUDA, unlimited on the CPU); `verify_files=False` skips the digests of the shard files
+        (their headers are checked against the manifest regardless)."""
         self.manifest = load_manifest(shards)
         self.trust_remote_code = trust_remote_code
         self.config = self.manifest.config
@@ -253,6 +266,9 @@ class Runtime:
         mapping = self.manifest.mapping
         self.mode = ("dist" if int(os.environ.get("WORLD_SIZE", "1")) > 1 else "local") if mode == "auto" else mode
         self._tokenizer: Any = None
+        # The files this process loads, against the manifest, before any is used (shards/integrity.py).
+        own = [int(os.environ.get("RANK", "0"))] if self.mode == "dist" else range(mapping.world_size)
+        verify_rank_files(self.manifest, own, digests=verify_files)
         if self.mode == "dist":
             from .launch import init_distributed
 
@@ -264,7 +280,9 @@ class Runtime:
                 )
             self.rank = rank
             comm = DistComm(RankInfo(rank, mapping.tp, mapping.pp))
-            self.engines = [RankEngine(self.manifest, comm, local_device, backend, prefill_chunk)]
+            self.engines = [
+                RankEngine(self.manifest, comm, local_device, backend, prefill_chunk, cuda_graph, prefill_tokens)
+            ]
         else:
             self.rank = 0
             self.world = LocalWorld(mapping.tp, mapping.pp)
@@ -273,7 +291,9 @@ class Runtime:
                 # Every rank thread would otherwise use the whole intra-op pool: oversubscription.
                 torch.set_num_threads(max(1, (os.cpu_count() or 1) // mapping.world_size))
             self.engines = [
-                RankEngine(self.manifest, LocalComm(self.world, r), dev, backend, prefill_chunk)
+                RankEngine(
+                    self.manifest, LocalComm(self.world, r), dev, backend, prefill_chunk, cuda_graph, prefill_tokens
+                )
                 for r in range(mapping.world_size)
             ]
 
@@ -358,18 +378,11 @@ class Runtime:
 
 
 def load_tokenizer(path: str | Path, trust_remote_code: bool = False) -> Any:
-    """The checkpoint's own tokenizer (the real PLaMo 2 one needs trust_remote_code and numba)."""
-    import transformers
+    """The directory's tokenizer: PLaMo's tokenizer.jsonl natively unless trust_remote_code asks for
+    the checkpoint's own code, else AutoTokenizer (see plamo2_tools.tokenizer.load_tokenizer)."""
+    from ..tokenizer import load_tokenizer as load
 
-    transformers.logging.set_verbosity_error()
-    try:
-        return transformers.AutoTokenizer.from_pretrained(str(path), trust_remote_code=trust_remote_code)
-    except ValueError as e:
-        if "trust_remote_code" in str(e):
-            raise UserError(f"{path}: the tokenizer is remote code; pass --trust-remote-code to load it") from None
-        raise UserError(f"{path}: cannot load the tokenizer ({e})") from None
-    except OSError as e:
-        raise UserError(f"{path}: cannot load the tokenizer ({e})") from None
+    return load(path, trust_remote_code=trust_remote_code)
 
 
 @contextmanager

@@ -1,7 +1,12 @@
-"""Jobs that `launch()` runs on torchrun ranks: `python -m plamo2_tools.runtime.jobs JOB.json`.
+"""One way to run a job on the runtime, in this process or on real ranks (docs/architecture.md,
+"Running the model").
 
-Every rank runs the same job on its own `Runtime` (dist mode); rank 0 saves the return value.
-Register a job by adding a function to JOBS; it receives the loaded runtime plus the job's args.
+A job is a plain function `job(runtime, **args)`.  `run_job` runs it on a `Runtime` whose ranks
+are threads of this process, or, with `launch=True`, on fresh torchrun ranks (one process per
+rank, gloo on CPU, NCCL on GPU), where every rank runs the same job on its own rank of the
+runtime and rank 0's return value comes back.  Verify and eval both go through here.
+
+Worker side: `python -m plamo2_tools.runtime.jobs JOB.json` (started by `launch.launch`).
 """
 
 from __future__ import annotations
@@ -12,12 +17,14 @@ import sys
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import Any, TypeVar
 
 from ..errors import Plamo2Error
+from ..shards import load_manifest
+from ..shards.integrity import verify_rank_files
 from .engine import Runtime
+
+T = TypeVar("T")
 
 
 def runtime_outputs(rt: Runtime, prompts: list[list[int]], max_new_tokens: int) -> dict[str, Any]:
@@ -28,18 +35,46 @@ def runtime_outputs(rt: Runtime, prompts: list[list[int]], max_new_tokens: int) 
     return {"prompt_logits": logits, "tokens": gen.tokens, "step_logits": gen.logits}
 
 
-JOBS: dict[str, Callable[..., Any]] = {"runtime_outputs": runtime_outputs}
+def run_job(
+    job: Callable[..., T],
+    runtime: dict[str, Any],
+    args: dict[str, Any],
+    launch: bool = False,
+    extra_env: dict[str, str] | None = None,
+) -> T:
+    """`job(Runtime(**runtime), **args)`: in this process (its ranks as threads, or, when this
+    process is itself one torchrun rank, that rank), or on fresh torchrun ranks with `launch`."""
+    if launch:
+        from .launch import launch as launch_ranks
+
+        manifest = load_manifest(runtime["shards"])
+        world = manifest.mapping.world_size
+        # Checked here, once, so that a bad file is one line from this process before any rank
+        # starts (a rank's own error would reach us only as torchrun's log tail).
+        verify_rank_files(manifest, range(world), digests=runtime.get("verify_files", True))
+        runtime = {**runtime, "verify_files": False}
+        return launch_ranks(job, {"runtime": runtime, **args}, world, extra_env)
+    # "auto": ranks as threads, or this process's rank when the caller itself runs under torchrun.
+    with Runtime(**runtime, mode="auto") as rt:
+        return job(rt, **args)
+
+
+def job_name(job: Callable[..., Any]) -> str:
+    """How a worker finds the job again: 'module:qualname' of a module-level function."""
+    name = f"{job.__module__}:{job.__qualname__}"
+    if "<" in job.__qualname__:
+        raise ValueError(f"{name}: a job must be a module-level function (workers import it)")
+    return name
 
 
 def _resolve(name: str) -> Callable[..., Any]:
-    """A registered job, or 'module:function' for jobs that live elsewhere (e.g. eval)."""
-    if name in JOBS:
-        return JOBS[name]
     module, _, func = name.partition(":")
     return getattr(importlib.import_module(module), func)
 
 
 def main(spec_path: str) -> int:
+    from .launch import save_result
+
     spec = json.loads(Path(spec_path).read_text())
     args = dict(spec["args"])
     runtime_args = args.pop("runtime")
@@ -49,7 +84,7 @@ def main(spec_path: str) -> int:
             rank = rt.rank
             result = _resolve(spec["job"])(rt, **args)
             if rt.is_main:
-                torch.save(result, spec["result"])
+                save_result(result, Path(spec["result"]))
         return 0
     except Plamo2Error as e:
         if rank == 0:

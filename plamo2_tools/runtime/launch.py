@@ -1,8 +1,8 @@
 """Real ranks: process-group set-up under torchrun, and `launch()`, which runs a job on fresh
 torchrun ranks (`--launch` of verify and eval) and hands rank 0's result back to the caller.
 
-A job is a small JSON file naming a function of `plamo2_tools.runtime.jobs` and its arguments;
-rank 0 saves the function's return value with torch.save.
+A job is a small JSON file naming a module-level function (`jobs.job_name`) and its arguments;
+rank 0 saves the function's return value (`save_result`) for the parent.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from ..errors import Plamo2Error, UserError
+from . import result_io
 
 
 def init_distributed(device: str) -> tuple[int, int, torch.device]:
@@ -55,12 +57,25 @@ def shutdown_distributed() -> None:
         dist.destroy_process_group()
 
 
-def launch(job: str, args: dict[str, Any], nproc: int, extra_env: dict[str, str] | None = None) -> Any:
-    """Run `jobs.<job>(**args)` on `nproc` torchrun ranks of this machine; return rank 0's result."""
+def save_result(result: Any, path: Path) -> None:
+    """Rank 0's return value, written for the parent process: tensors and JSON, never a pickle
+    (result_io.py says what a job may return)."""
+    result_io.save_result(result, path)
+
+
+def load_result(path: Path) -> Any:
+    return result_io.load_result(path)
+
+
+def launch(job: Callable[..., Any], args: dict[str, Any], nproc: int, extra_env: dict[str, str] | None = None) -> Any:
+    """Run `job(runtime, **args)` on `nproc` torchrun ranks of this machine; return rank 0's result.
+    `args["runtime"]` holds the Runtime's arguments (see jobs.run_job)."""
+    from .jobs import job_name
+
     with tempfile.TemporaryDirectory(prefix="plamo2-launch-") as tmp:
         spec = Path(tmp) / "job.json"
-        result = Path(tmp) / "result.pt"
-        spec.write_text(json.dumps({"job": job, "args": args, "result": str(result)}))
+        result = Path(tmp) / "result"
+        spec.write_text(json.dumps({"job": job_name(job), "args": args, "result": str(result)}))
         cmd = [
             sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
             "-m", "plamo2_tools.runtime.jobs", str(spec),
@@ -73,4 +88,4 @@ def launch(job: str, args: dict[str, Any], nproc: int, extra_env: dict[str, str]
         if proc.returncode != 0 or not result.exists():
             tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-15:])
             raise Plamo2Error(f"torchrun with {nproc} ranks failed (exit {proc.returncode}):\n{tail}")
-        return torch.load(result, weights_only=False)
+        return load_result(result)

@@ -16,10 +16,11 @@ import torch
 import torch.nn.functional as F
 from safetensors import safe_open
 
-from ..config import Plamo2Config
-from ..convert.manifest import Manifest
 from ..errors import CheckpointError
 from ..kernels import Ops
+from ..model.config import Plamo2Config
+from ..model.tensors import RankSizes, rank_sizes
+from ..shards.manifest import Manifest
 from .comm import Comm
 from .state import LayerState
 
@@ -71,10 +72,10 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 
 
 class MambaMixer:
-    def __init__(self, cfg: Plamo2Config, w: dict[str, Tensor], tp: int, ops: Ops, comm: Comm) -> None:
+    def __init__(self, cfg: Plamo2Config, w: dict[str, Tensor], sizes: RankSizes, ops: Ops, comm: Comm) -> None:
         self.cfg, self.ops, self.comm = cfg, ops, comm
-        self.heads = cfg.mamba_num_heads // tp
-        self.inner = self.heads * cfg.hidden_size_per_head
+        self.heads = sizes.mamba_heads
+        self.inner = sizes.mamba_inner(cfg)
         self.in_proj = w["in_proj.weight"]  # [z of the rank's heads; x of the same heads]
         self.conv = w["conv1d.weight"][:, 0, :].contiguous()  # (I/tp, K)
         self.bcdt_proj = w["bcdt_proj.weight"]  # row-parallel: partial sums over the rank's channels
@@ -85,18 +86,16 @@ class MambaMixer:
 
     def __call__(self, a: Tensor, batch: Batch, state: LayerState) -> Tensor:
         ops, cfg = self.ops, self.cfg
-        T, d, N, eps = a.shape[0], cfg.hidden_size_per_head, cfg.mamba_d_state, cfg.rms_norm_eps
+        T, d, eps = a.shape[0], cfg.hidden_size_per_head, cfg.rms_norm_eps
         zx = F.linear(a, self.in_proj)
-        z, x = zx[:, : self.inner], zx[:, self.inner :].contiguous()
+        z, x = zx[:, : self.inner], zx[:, self.inner :]  # the conv kernels take a row stride: no copy
         if batch.decode:
             x = ops.causal_conv1d_update(x, state.conv, self.conv)
         else:
             x = ops.causal_conv1d(x, self.conv, batch.cu_seqlens, state.conv, batch.has_state)
         bcdt = self.comm.all_reduce(F.linear(x, self.bcdt_proj))
-        B, C, dt = bcdt[:, :N], bcdt[:, N : 2 * N], bcdt[:, 2 * N :]
-        B = ops.rms_norm(B.contiguous(), self.B_norm, eps)[0]
-        C = ops.rms_norm(C.contiguous(), self.C_norm, eps)[0]
-        dt = F.linear(ops.rms_norm(dt.contiguous(), self.dt_norm, eps)[0], self.dt_proj)
+        B, C, dt = ops.bcdt_rms_norm(bcdt, self.B_norm, self.C_norm, self.dt_norm, eps)  # one launch, not six
+        dt = F.linear(dt, self.dt_proj)
         x, z = x.view(T, self.heads, d), z.reshape(T, self.heads, d)
         if batch.decode:
             y = ops.ssd_state_update(state.ssm, x, dt, self.A, B, C, self.D, z, self.dt_bias)
@@ -110,11 +109,13 @@ class MambaMixer:
 
 
 class AttentionMixer:
-    def __init__(self, cfg: Plamo2Config, w: dict[str, Tensor], tp: int, layer: int, ops: Ops, comm: Comm) -> None:
+    def __init__(
+        self, cfg: Plamo2Config, w: dict[str, Tensor], sizes: RankSizes, layer: int, ops: Ops, comm: Comm
+    ) -> None:
         self.cfg, self.ops, self.comm = cfg, ops, comm
         d = cfg.hidden_size_per_head
-        self.q_heads = cfg.num_attention_heads // tp
-        self.kv_heads = w["k_norm.weight"].shape[0]  # Hkv/tp, or 1 replicated head
+        self.q_heads = sizes.q_heads
+        self.kv_heads = sizes.kv_heads  # Hkv/tp, or 1 replicated head
         self.qkv_proj, self.o_proj = w["qkv_proj.weight"], w["o_proj.weight"]
         self.q_norm, self.k_norm = w["q_norm.weight"], w["k_norm.weight"]
         self.window = cfg.attention_window(layer)
@@ -123,23 +124,26 @@ class AttentionMixer:
     def __call__(self, a: Tensor, batch: Batch, state: LayerState, rope: tuple[Tensor, Tensor]) -> Tensor:
         ops, cfg = self.ops, self.cfg
         T, d = a.shape[0], cfg.hidden_size_per_head
-        q, k, v = F.linear(a, self.qkv_proj).split([self.q_heads * d, self.kv_heads * d, self.kv_heads * d], dim=-1)
-        q = ops.head_rms_norm(q.reshape(T, self.q_heads, d), self.q_norm, cfg.rms_norm_eps)
-        k = ops.head_rms_norm(k.reshape(T, self.kv_heads, d), self.k_norm, cfg.rms_norm_eps)
-        q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-        state.k[batch.seq_index, batch.positions] = k.to(state.k.dtype)
-        state.v[batch.seq_index, batch.positions] = v.reshape(T, self.kv_heads, d).to(state.v.dtype)
+        # q/k norms, RoPE (fp32 tables) and the K/V cache writes in one launch (about 16 unfused).
+        q = ops.qk_norm_rope(
+            F.linear(a, self.qkv_proj), self.q_norm, self.k_norm, cfg.rms_norm_eps, *rope,
+            state.k, state.v, batch.seq_index, batch.positions,
+        )  # fmt: skip
         o = ops.attention(q, state.k, state.v, batch.cu_seqlens, batch.kv_lens, self.scale, self.window)
         return self.comm.all_reduce(F.linear(o.reshape(T, self.q_heads * d), self.o_proj))
 
 
 class DecoderLayer:
-    def __init__(self, cfg: Plamo2Config, index: int, w: dict[str, Tensor], tp: int, ops: Ops, comm: Comm) -> None:
+    def __init__(
+        self, cfg: Plamo2Config, index: int, w: dict[str, Tensor], sizes: RankSizes, ops: Ops, comm: Comm
+    ) -> None:
         self.cfg, self.index, self.ops, self.comm = cfg, index, ops, comm
         self.is_mamba = cfg.layer_is_mamba[index]
         mixer = {k.removeprefix("mixer."): v for k, v in w.items() if k.startswith("mixer.")}
         self.mixer = (
-            MambaMixer(cfg, mixer, tp, ops, comm) if self.is_mamba else AttentionMixer(cfg, mixer, tp, index, ops, comm)
+            MambaMixer(cfg, mixer, sizes, ops, comm)
+            if self.is_mamba
+            else AttentionMixer(cfg, mixer, sizes, index, ops, comm)
         )
         self.norms = {
             n: w[f"{n}.weight"] for n in ("pre_mixer_norm", "post_mixer_norm", "pre_mlp_norm", "post_mlp_norm")
@@ -147,15 +151,26 @@ class DecoderLayer:
         self.gate_up, self.down = w["mlp.gate_up_proj.weight"], w["mlp.down_proj.weight"]
 
     def __call__(
-        self, h: Tensor, residual: Tensor | None, batch: Batch, state: LayerState, rope: tuple[Tensor, Tensor]
+        self,
+        h: Tensor,
+        residual: Tensor | None,
+        batch: Batch,
+        state: LayerState,
+        rope: tuple[Tensor, Tensor],
+        pending: Tensor | None = None,
     ) -> tuple[Tensor, Tensor]:
+        """Returns the MLP output *before* its post-MLP norm, which the caller fuses with the next
+        norm; `pending` is the previous layer's post-MLP norm weight still to apply to `h`."""
         ops, eps, norms = self.ops, self.cfg.rms_norm_eps, self.norms
-        h, residual = ops.rms_norm(h, norms["pre_mixer_norm"], eps, residual)
+        if pending is None:
+            h, residual = ops.rms_norm(h, norms["pre_mixer_norm"], eps, residual)
+        else:
+            assert residual is not None
+            h, residual = ops.norm_add_norm(h, pending, residual, norms["pre_mixer_norm"], eps)
         h = self.mixer(h, batch, state) if self.is_mamba else self.mixer(h, batch, state, rope)
-        h = ops.rms_norm(h, norms["post_mixer_norm"], eps)[0]
-        h, residual = ops.rms_norm(h, norms["pre_mlp_norm"], eps, residual)
+        h, residual = ops.norm_add_norm(h, norms["post_mixer_norm"], residual, norms["pre_mlp_norm"], eps)
         h = self.comm.all_reduce(F.linear(ops.silu_mul(F.linear(h, self.gate_up)), self.down))
-        return ops.rms_norm(h, norms["post_mlp_norm"], eps)[0], residual
+        return h, residual
 
 
 class RankModel:
@@ -166,25 +181,28 @@ class RankModel:
     ) -> None:
         self.cfg, self.ops, self.comm = cfg, ops, comm
         info = comm.info
+        self.sizes = rank_sizes(cfg, info.tp, info.tp_rank)  # the tensor table's split rules
         self.layers = []
         for i in range(*stage):
             prefix = f"model.layers.layers.{i}."
             w = {k.removeprefix(prefix): v for k, v in weights.items() if k.startswith(prefix)}
-            self.layers.append(DecoderLayer(cfg, i, w, info.tp, ops, comm))
+            self.layers.append(DecoderLayer(cfg, i, w, self.sizes, ops, comm))
         # PP = 1 with tied embeddings stores only lm_head.weight (vLLM's state_dict dedup).
         self.embed = (
             weights.get("model.embed_tokens.weight", weights.get("lm_head.weight")) if info.is_first_stage else None
         )
         self.final_norm = weights.get("model.norm.weight")
         self.lm_head = weights.get("lm_head.weight")
-        self.vocab_rows = cfg.padded_vocab // info.tp
+        self.vocab_rows = self.sizes.vocab_rows
         self.dtype = (self.layers[0].gate_up if self.layers else next(iter(weights.values()))).dtype
         self.device = next(iter(weights.values())).device
 
     def embed_tokens(self, ids: Tensor) -> Tensor:
         """Vocab-parallel lookup: rows outside this rank's block contribute zeros, then all-reduce."""
         assert self.embed is not None
-        local = ids - self.comm.info.tp_rank * self.vocab_rows
+        if self.comm.info.tp == 1:  # one lookup instead of five launches
+            return self.embed[ids]
+        local = ids - self.sizes.vocab_start
         inside = (local >= 0) & (local < self.vocab_rows)
         h = self.embed[local.clamp(0, self.vocab_rows - 1)] * inside[:, None].to(self.embed.dtype)
         return self.comm.all_reduce(h)
@@ -198,14 +216,31 @@ class RankModel:
         else:
             like = torch.empty(T, D, dtype=self.dtype, device=self.device)
             h, residual = self.comm.recv_prev([like, like])
-        rope = rope_cos_sin(batch.positions, self.cfg.hidden_size_per_head, self.cfg.rope_theta, self.dtype)
-        for layer in self.layers:
-            h, residual = layer(h, residual, batch, states[layer.index], rope)
+        out = self.stage(batch, states, h, residual)
         if not info.is_last_stage:
-            self.comm.send_next([h, residual])
+            self.comm.send_next(list(out))
             return None
-        h, _ = self.ops.rms_norm(h, self.final_norm, self.cfg.rms_norm_eps, residual)
+        return out[0]
+
+    def stage(
+        self, batch: Batch, states: dict[int, LayerState], h: Tensor, residual: Tensor | None
+    ) -> tuple[Tensor, ...]:
+        """The layers (and on the last stage the head) without the PP hand-over, so that a CUDA graph
+        can hold them: (logits,) on the last stage, else the (hidden, residual) to send on."""
+        cfg = self.cfg
+        # One table per RoPE base in use (PLaMo 2.1 picks the base per layer: cfg.rope_base).
+        bases = {cfg.rope_base(layer.index) for layer in self.layers}
+        ropes = {b: rope_cos_sin(batch.positions, cfg.hidden_size_per_head, b, torch.float32) for b in bases}
+        pending = None  # the previous layer's post-MLP norm, fused into the next norm
+        for layer in self.layers:
+            rope = ropes[cfg.rope_base(layer.index)]
+            h, residual = layer(h, residual, batch, states[layer.index], rope, pending)
+            pending = layer.norms["post_mlp_norm"]
+        assert residual is not None and pending is not None
+        if not self.comm.info.is_last_stage:
+            return self.ops.rms_norm(h, pending, cfg.rms_norm_eps)[0], residual
+        h, _ = self.ops.norm_add_norm(h, pending, residual, self.final_norm, cfg.rms_norm_eps)
         if batch.logits_index is not None:
             h = h[batch.logits_index]
         logits = self.comm.all_gather(F.linear(h, self.lm_head).float(), dim=-1)
-        return logits[:, : self.cfg.vocab_size]
+        return (logits[:, : cfg.vocab_size],)

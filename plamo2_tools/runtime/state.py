@@ -11,7 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..config import Plamo2Config
+from ..model.config import Plamo2Config
+from ..model.tensors import RankSizes
 
 Tensor = torch.Tensor
 
@@ -27,6 +28,25 @@ class LayerState:
         """The state of a subset of sequences (a copy)."""
         return LayerState(*(None if t is None else t[index] for t in (self.conv, self.ssm, self.k, self.v)))
 
+    def rows(self, start: int, stop: int) -> LayerState:
+        """Sequences [start, stop) as views (no copy): static addresses for CUDA graphs."""
+        return LayerState(*(None if t is None else t[start:stop] for t in (self.conv, self.ssm, self.k, self.v)))
+
+    def load(self, slots: Tensor, part: LayerState) -> None:
+        """Put the states of `part` (its first prompt positions of KV) into rows `slots`."""
+        for mine, theirs in ((self.conv, part.conv), (self.ssm, part.ssm)):
+            if mine is not None and theirs is not None:
+                mine[slots] = theirs
+        for mine, theirs in ((self.k, part.k), (self.v, part.v)):
+            if mine is not None and theirs is not None:
+                mine[slots, : theirs.shape[1]] = theirs
+
+    def move(self, src: int, dst: int) -> None:
+        """Copy sequence row `src` to row `dst` (slot compaction)."""
+        for t in (self.conv, self.ssm, self.k, self.v):
+            if t is not None:
+                t[dst].copy_(t[src])
+
     def update(self, index: Tensor, part: LayerState) -> None:
         for mine, theirs in ((self.conv, part.conv), (self.ssm, part.ssm), (self.k, part.k), (self.v, part.v)):
             if mine is not None:
@@ -36,8 +56,7 @@ class LayerState:
 def new_states(
     cfg: Plamo2Config,
     layers: list[int],
-    tp: int,
-    kv_heads: int,
+    sizes: RankSizes,
     batch: int,
     capacity: int,
     dtype: torch.dtype,
@@ -48,13 +67,13 @@ def new_states(
     states = {}
     for i in layers:
         if cfg.layer_is_mamba[i]:
-            inner = cfg.mamba_inner // tp
+            inner = sizes.mamba_inner(cfg)
             states[i] = LayerState(
                 conv=torch.zeros(batch, inner, cfg.mamba_d_conv - 1, dtype=dtype, device=device),
-                ssm=torch.zeros(batch, cfg.mamba_num_heads // tp, d, cfg.mamba_d_state, dtype=ssm_dtype, device=device),
+                ssm=torch.zeros(batch, sizes.mamba_heads, d, cfg.mamba_d_state, dtype=ssm_dtype, device=device),
             )
         else:
-            shape = (batch, capacity, kv_heads, d)
+            shape = (batch, capacity, sizes.kv_heads, d)
             states[i] = LayerState(
                 k=torch.zeros(shape, dtype=dtype, device=device), v=torch.zeros(shape, dtype=dtype, device=device)
             )

@@ -9,17 +9,22 @@ first divergence, and vLLM's `check_logprobs_close` rule (top-5) over the greedy
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from ..checkpoint import HFCheckpoint
-from ..convert.manifest import load_manifest
-from ..errors import UserError
-from ..reference import reference_logits
-from .engine import Runtime, load_tokenizer
+from ..dtypes import dtype_name
+from ..errors import EnvironmentLimitError, UserError
+from ..model.checkpoint import HFCheckpoint
+from ..model.reference import reference_logits
+from ..shards.integrity import verify_rank_files
+from ..shards.manifest import load_manifest
+from ..shards.owned import ensure_readable_checkpoint
+from .engine import load_tokenizer
+from .jobs import run_job, runtime_outputs
 
 # Pass criteria by shard dtype.  fp32 must agree to accumulated fp32 rounding and give the same
 # greedy tokens.  Half precision rounds every activation (bf16: 8-bit significand, relative step
@@ -37,6 +42,10 @@ THRESHOLDS: dict[str, dict[str, float]] = {
     "bfloat16": {"max_rel_err": 1e-1, "mean_kl": 1e-2, "top1_in_top5": 0.99},
 }
 TOP_K = 5
+# The result of `verify` (--json, --output): `plamo2-tools report` recognises it by this kind and
+# version.  Bump the version when a field changes meaning or goes away (adding one is compatible).
+VERIFY_KIND = "plamo2-verify"
+VERIFY_SCHEMA_VERSION = 1
 
 
 @dataclass
@@ -62,7 +71,16 @@ def random_prompts(
 
 def prompts_from_file(path: Path, tokenizer_dir: Path) -> list[list[int]]:
     """JSON lines with "input_ids" (token lists) or "text", or plain text with one prompt per line."""
-    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    try:
+        lines = [line for line in path.read_text().splitlines() if line.strip()]
+    except FileNotFoundError:
+        raise UserError(f"--prompts {path}: no such file") from None
+    except IsADirectoryError:
+        raise UserError(f"--prompts {path}: is a directory, not a file") from None
+    except UnicodeDecodeError:
+        raise UserError(f"--prompts {path}: not text (UTF-8)") from None
+    except OSError as e:
+        raise EnvironmentLimitError(f"--prompts {path}: cannot read ({e.strerror or e})") from None
     if not lines:
         raise UserError(f"{path}: no prompts")
     prompts: list[list[int]] = []
@@ -75,21 +93,39 @@ def prompts_from_file(path: Path, tokenizer_dir: Path) -> list[list[int]]:
             except json.JSONDecodeError as e:
                 raise UserError(f"{path}: bad JSON line ({e})") from None
         if isinstance(item, dict) and "input_ids" in item:
-            prompts.append([int(t) for t in item["input_ids"]])
+            try:
+                prompts.append([int(t) for t in item["input_ids"]])
+            except (TypeError, ValueError):
+                raise UserError(f"{path}: input_ids must be a list of integers: {line[:80]}") from None
             continue
+        if isinstance(item, dict) and not isinstance(item.get("text"), str):
+            raise UserError(f'{path}: a JSON line needs "input_ids" or "text": {line[:80]}')
         text = item["text"] if isinstance(item, dict) else item
         tokenizer = tokenizer or load_tokenizer(tokenizer_dir)
         prompts.append(list(tokenizer(text)["input_ids"]))
     return prompts
 
 
+def verify_work(layouts: int, max_new_tokens: int) -> int:
+    """verify's total progress: one unit per reference forward (the prompt pass and every greedy
+    step but the last), max_new_tokens per layout run."""
+    return max(1, max_new_tokens) + layouts * max_new_tokens
+
+
 def reference_outputs(
-    src: Path, prompts: list[list[int]], max_new_tokens: int, precision: torch.dtype, device: str = "cpu"
+    src: Path,
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    precision: torch.dtype,
+    device: str = "cpu",
+    progress: Callable[[int], None] | None = None,
 ) -> ReferenceOutputs:
     """Prompt logits and a greedy continuation, each step a full forward of the reference."""
     with HFCheckpoint(src) as ckpt:
         ckpt.check_inventory()
         prompt_logits = reference_logits(ckpt, prompts, precision, device)
+        if progress:
+            progress(1)
         current = [list(p) for p in prompts]
         last = [lg[-1] for lg in prompt_logits]
         steps: list[list[torch.Tensor]] = [[] for _ in prompts]
@@ -99,6 +135,8 @@ def reference_outputs(
                 current[i].append(int(lg.argmax()))
             if k < max_new_tokens - 1:
                 last = [lg[-1] for lg in reference_logits(ckpt, current, precision, device)]
+                if progress:
+                    progress(1)
     tokens = [c[len(p) :] for c, p in zip(current, prompts, strict=True)]
     V = ckpt.config.vocab_size
     return ReferenceOutputs(prompt_logits, tokens, [torch.stack(s) if s else torch.empty(0, V) for s in steps])
@@ -176,7 +214,7 @@ def shard_dtype(shards: Path) -> str:
     for entries in m.entries.values():
         for key, e in entries.items():
             if key.endswith("mlp.gate_up_proj.weight"):
-                return str(e.tensor.dtype).removeprefix("torch.")
+                return dtype_name(e.tensor.dtype)
     raise UserError(f"{shards}: no decoder layer in the manifest")
 
 
@@ -189,18 +227,10 @@ def runtime_outputs_for(
     backend: str,
     prefill_chunk: int | None,
 ) -> dict[str, Any]:
-    if launch:
-        from .launch import launch as run_launch
-
-        world = load_manifest(shards).mapping.world_size
-        runtime = {"shards": str(shards), "device": device, "backend": backend, "prefill_chunk": prefill_chunk}
-        return run_launch(
-            "runtime_outputs", {"runtime": runtime, "prompts": prompts, "max_new_tokens": max_new_tokens}, world
-        )
-    from .jobs import runtime_outputs
-
-    with Runtime(shards, device=device, backend=backend, prefill_chunk=prefill_chunk, mode="local") as rt:
-        return runtime_outputs(rt, prompts, max_new_tokens)
+    # verify() has checked every file against its manifest already: the runtime need not hash them again.
+    runtime = {"shards": str(shards), "device": device, "backend": backend, "prefill_chunk": prefill_chunk,
+               "verify_files": False}  # fmt: skip
+    return run_job(runtime_outputs, runtime, {"prompts": prompts, "max_new_tokens": max_new_tokens}, launch)
 
 
 def verify(
@@ -215,18 +245,31 @@ def verify(
     precision: str = "float64",
     prefill_chunk: int | None = None,
     reference_device: str = "cpu",
+    verify_files: bool = True,
+    progress: Callable[[int], None] | None = None,
 ) -> dict[str, Any]:
+    """`progress` is called with 1 per reference forward and max_new_tokens per finished layout
+    (`verify_work` is the total)."""
     if precision not in ("float64", "float32"):
         raise UserError("--precision must be float64 or float32")
     manifests = [load_manifest(s) for s in shards]
-    ref_cfg = HFCheckpoint(reference).config
+    ensure_readable_checkpoint(reference)
+    with HFCheckpoint(reference) as ckpt:
+        ckpt.check_inventory()
+        ref_cfg = ckpt.config
     for s, m in zip(shards, manifests, strict=True):
         if m.config.hf_tensor_shapes() != ref_cfg.hf_tensor_shapes():
             raise UserError(f"{s} was not converted from a checkpoint shaped like {reference}")
-    ref = reference_outputs(reference, prompts, max_new_tokens, getattr(torch, precision), reference_device)
+    for m in manifests:  # a damaged layout stops us before the (long) reference forward
+        verify_rank_files(m, range(m.mapping.world_size), digests=verify_files)
+    ref = reference_outputs(
+        reference, prompts, max_new_tokens, getattr(torch, precision), reference_device, progress=progress
+    )
     layouts = []
     for s, m in zip(shards, manifests, strict=True):
         rt = runtime_outputs_for(s, prompts, max_new_tokens, launch, device, backend, prefill_chunk)
+        if progress:
+            progress(max_new_tokens)
         metrics = compare(ref, rt)
         dtype = shard_dtype(s)
         thresholds = THRESHOLDS.get(dtype, THRESHOLDS["bfloat16"])
@@ -237,7 +280,8 @@ def verify(
             "metrics": metrics, "thresholds": thresholds, "passed": not failures, "failures": failures,
         })  # fmt: skip
     return {
-        "kind": "plamo2-verify",
+        "kind": VERIFY_KIND,
+        "schema_version": VERIFY_SCHEMA_VERSION,
         "reference": {"path": str(reference), "precision": precision, "device": reference_device},
         "prompts": {"count": len(prompts), "lengths": [len(p) for p in prompts], "source": prompt_source},
         "max_new_tokens": max_new_tokens,

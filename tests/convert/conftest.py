@@ -13,8 +13,8 @@ import torch
 from convert_expect import Watermark
 from typer.testing import Result
 
-from plamo2_tools.config import Plamo2Config
-from plamo2_tools.synth import preset_config, random_tensor, write_checkpoint
+from plamo2_tools.model.config import Plamo2Config
+from plamo2_tools.model.synth import preset_config, random_tensor, write_checkpoint
 
 Cli = Callable[..., Result]
 MakeCheckpoint = Callable[..., Path]

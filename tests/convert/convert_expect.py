@@ -1,7 +1,7 @@
-"""What every rank must hold, written straight from plamo2-spec.md section 5/6 and
-shard-format.md with plain torch view/chunk/narrow on the full HF tensors.
+"""What every rank must hold, written straight from docs/model.md §4 and
+docs/shard-format.md with plain torch view/chunk/narrow on the full HF tensors.
 
-Deliberately independent of plamo2_tools.convert.layout: nothing here calls the converter's piece
+Deliberately independent of plamo2_tools.model.tensors: nothing here calls the converter's piece
 functions, so a slicing bug there cannot hide behind the same bug here.
 """
 
@@ -14,9 +14,9 @@ from pathlib import Path
 import safetensors
 import torch
 
-from plamo2_tools.config import Plamo2Config
+from plamo2_tools.model.config import Plamo2Config
 
-# plamo2-spec.md section 4.1, as literals (not plamo2_tools.config.NORM_OFFSETS).
+# docs/model.md §3.1, as literals (not plamo2_tools.model.config.NORM_OFFSETS).
 LAYER_NORM_OFFSETS = {
     "pre_mixer_norm": 1.0,
     "post_mixer_norm": 0.2,
@@ -177,6 +177,10 @@ def expected_rank(
             out[m + "q_norm.weight"] = cast(mine(hf[m + "q_weight"]))
             out[m + "k_norm.weight"] = cast(kn_r)
             out[m + "o_proj.weight"] = cast(mine(hf[m + "o_proj.weight"], 1))
+            # vLLM's Attention registers these fp32 scalar buffers (1.0 unquantized); its
+            # sharded_state loader requires them on every rank that holds the layer.
+            for scale in ("_k_scale", "_v_scale", "_q_scale", "_prob_scale"):
+                out[m + "attn." + scale] = torch.tensor(1.0, dtype=torch.float32)
     if last:
         out["model.norm.weight"] = offset(hf["model.norm.weight"], FINAL_NORM_OFFSET)
         out["lm_head.weight"] = vocab(embed if cfg.tie_word_embeddings else hf["lm_head.weight"])

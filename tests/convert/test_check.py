@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from convert_expect import flip_byte
 
-from plamo2_tools.convert.check import check_shards
 from plamo2_tools.safetensors_io import read_header
+from plamo2_tools.shards.check import check_shards
 
 
 @pytest.fixture
@@ -44,7 +44,8 @@ def test_flipped_byte_in_a_tensor(cli, shards: Path) -> None:
     flip_byte(path, info.offset + info.nbytes // 2)
     failed = _failed(cli, shards)
     assert set(failed) == {"files", "tensors"}
-    assert failed["tensors"] == ["rank 1: model.layers.layers.0.mixer.in_proj.weight: sha256 differs from the manifest"]
+    key = "model.layers.layers.0.mixer.in_proj.weight"
+    assert failed["tensors"] == [f"rank 1: {key}: xxh3-128 digest differs from the manifest"]
 
 
 def test_flipped_byte_in_a_replica(cli, shards: Path) -> None:

@@ -1,13 +1,17 @@
-"""Stream hashing: the digests convert records without reading its files back."""
+"""Hashing primitives: byte ranges hashed in place through mmap windows, and the in-order stream
+digest format version 1 needs, against hashlib/xxhash on the plain bytes."""
 
 from __future__ import annotations
 
 import hashlib
+import os
 from pathlib import Path
 
 import pytest
+import xxhash
 
-from plamo2_tools.digest import HashWorker, StreamDigest, sha256_file
+from plamo2_tools import digest as digest_module
+from plamo2_tools.digest import StreamDigest, hash_file, hash_range, new_hash, sha256_file
 
 DATA = bytes(range(256)) * 41 + b"tail"
 RANGES = {"a": (0, 10), "b": (10, 4000), "c": (4000, len(DATA)), "empty": (7, 7)}
@@ -36,14 +40,31 @@ def test_out_of_order_or_short_stream_gives_up() -> None:
     assert short.result() is None
 
 
-def test_worker_and_file_hash_agree(tmp_path: Path) -> None:
+@pytest.mark.parametrize("window", [4096, 8192, 2**20])
+def test_file_hashes_through_small_windows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, window: int) -> None:
+    """Windows smaller than the file, ranges starting off page boundaries and crossing windows."""
+    data = os.urandom(3 * 8192 + 123)
     path = tmp_path / "f"
-    path.write_bytes(DATA)
-    assert sha256_file(path, RANGES) == expected()
-    worker = HashWorker("test")
-    d = StreamDigest(len(DATA), RANGES)
-    for off in range(0, len(DATA), 512):
-        worker.submit(d, off, memoryview(DATA)[off : off + 512])
-    worker.drain()
-    worker.close()
-    assert d.result() == expected()
+    path.write_bytes(data)
+    monkeypatch.setattr(digest_module, "WINDOW", window)
+    assert sha256_file(path, {"x": (5, 9000), "y": (9000, len(data))}) == (
+        hashlib.sha256(data).hexdigest(),
+        {"x": hashlib.sha256(data[5:9000]).hexdigest(), "y": hashlib.sha256(data[9000:]).hexdigest()},
+    )
+    assert hash_file(path, ["sha256", "xxh3-128"]) == {
+        "sha256": hashlib.sha256(data).hexdigest(),
+        "xxh3-128": xxhash.xxh3_128(data).hexdigest(),
+    }
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        for start, stop in [(0, 0), (4095, 4097), (1, len(data)), (8191, 3 * 8192 + 1)]:
+            h = new_hash("xxh3-128")
+            hash_range(fd, start, stop, [h])
+            assert h.hexdigest() == xxhash.xxh3_128(data[start:stop]).hexdigest(), (start, stop)
+    finally:
+        os.close(fd)
+
+
+def test_unknown_algorithm_is_refused() -> None:
+    with pytest.raises(ValueError, match="unknown hash algorithm 'md5'"):
+        new_hash("md5")

@@ -16,7 +16,7 @@ import safetensors.torch
 from convert_expect import flip_byte, load_hf
 
 from plamo2_tools.convert import engine
-from plamo2_tools.convert.manifest import MANIFEST_NAME
+from plamo2_tools.shards.manifest import MANIFEST_NAME
 
 
 def _fails(cli, *args, code: int, says: str) -> str:
@@ -262,12 +262,11 @@ def test_damaged_shards_are_not_resharded_or_merged(cli, make_checkpoint, tmp_pa
     shards = tmp_path / "shards"
     cli("convert", make_checkpoint("tiny-gqa"), shards, "--tp", 2, "--json")
     flip_byte(shards / "model-rank-1-part-0.safetensors", -100)
-    _fails(
-        cli, shards, tmp_path / "resharded", "--tp", 4, code=2, says="model-rank-1-part-0.safetensors: size or sha256"
-    )
+    says = "model-rank-1-part-0.safetensors: size or xxh3-128 digest"
+    _fails(cli, shards, tmp_path / "resharded", "--tp", 4, code=2, says=says)
     assert not (tmp_path / "resharded").exists()
     r = cli("merge", shards, tmp_path / "merged", expect=2)
-    assert "sha256 differs from the manifest" in r.stderr and not (tmp_path / "merged").exists()
+    assert "digest differs from the manifest" in r.stderr and not (tmp_path / "merged").exists()
 
 
 def test_damaged_hf_cache_blob_is_refused(cli, make_checkpoint, tmp_path: Path) -> None:

@@ -15,8 +15,8 @@ import pytest
 import torch
 from convert_expect import LAYER_NORM_OFFSETS, load_hf, load_rank
 
-from plamo2_tools.convert.manifest import MANIFEST_NAME
-from plamo2_tools.synth import preset_config
+from plamo2_tools.model.synth import preset_config
+from plamo2_tools.shards.manifest import MANIFEST_NAME
 
 OFFSETS = {**{f"{n}.weight": off for n, off in LAYER_NORM_OFFSETS.items()}, "model.norm.weight": 1.0}
 
@@ -90,7 +90,7 @@ def test_two_runs_give_identical_bytes(cli, make_checkpoint, tmp_path: Path) -> 
     for name in files_a:
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
     manifest = json.loads((tmp_path / "a" / MANIFEST_NAME).read_text())
-    digests = {n: f["sha256"] for n, f in manifest["files"].items()}
+    digests = {n: f["digest"] for n, f in manifest["files"].items()}
     assert len(set(digests.values())) == len(digests)  # every rank/part really differs
 
 
@@ -125,7 +125,7 @@ def test_merge_refuses_bad_targets(cli, make_checkpoint, tmp_path: Path) -> None
     r = cli("merge", tmp_path / "shards", tmp_path / "busy", expect=2)
     assert "--force" in r.stderr and (tmp_path / "busy" / "keep.txt").exists()
     cli("merge", tmp_path / "shards", tmp_path / "busy", "--force", "--json")
-    assert not (tmp_path / "busy" / "keep.txt").exists()
+    assert (tmp_path / "busy" / "keep.txt").read_text() == "mine"  # --force writes beside the user's files
     r = cli("merge", tmp_path / "shards", tmp_path / "shards" / "inside", expect=2)
     assert "inside the source" in r.stderr
     assert preset_config("tiny").vocab_size == load_hf(tmp_path / "busy")["model.embed_tokens.weight"].shape[0]
@@ -133,12 +133,12 @@ def test_merge_refuses_bad_targets(cli, make_checkpoint, tmp_path: Path) -> None
 
 def test_small_chunks_in_merge_and_reshard(cli, make_checkpoint, tmp_path: Path, monkeypatch) -> None:
     """The chunked paths of merge and of reading shards as a source (rows that start mid-piece)."""
-    from plamo2_tools.convert import engine, merge
+    from plamo2_tools.convert import merge, writer
 
     src = make_checkpoint("tiny-gqa", "random")
     cli("convert", src, tmp_path / "shards", "--tp", 4, "--pp", 2, "--json")
     cli("convert", src, tmp_path / "direct", "--tp", 2, "--pp", 3, "--json")
-    monkeypatch.setattr(engine, "CHUNK_BYTES", 5 * 96 * 4)
+    monkeypatch.setattr(writer, "CHUNK_BYTES", 5 * 96 * 4)
     monkeypatch.setattr(merge, "CHUNK_BYTES", 5 * 96 * 4)
     cli("merge", tmp_path / "shards", tmp_path / "merged", "--json")
     cli("convert", tmp_path / "shards", tmp_path / "resharded", "--tp", 2, "--pp", 3, "--json")

@@ -16,8 +16,8 @@ from typer.testing import Result
 from plamo2_tools.convert.engine import convert
 from plamo2_tools.eval.gsm8k_task import Gsm8kData, load_gsm8k_data
 from plamo2_tools.eval.plamo2_lm import Plamo2LM
+from plamo2_tools.model.synth import synth
 from plamo2_tools.runtime.engine import Runtime
-from plamo2_tools.synth import synth
 
 
 @pytest.fixture(autouse=True, scope="module")

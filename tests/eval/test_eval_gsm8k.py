@@ -15,7 +15,7 @@ from lm_eval.utils import sanitize_model_name
 
 from plamo2_tools.errors import UserError
 from plamo2_tools.eval.gsm8k_task import ENV_VAR, OFFICIAL_SHA256, gsm8k_task_config, load_gsm8k_data
-from plamo2_tools.eval.harness import EvalRequest, evaluate_model, run_eval
+from plamo2_tools.eval.harness import EVAL_KIND, EVAL_SCHEMA_VERSION, EvalRequest, evaluate_model, run_eval
 
 STRICT, FLEXIBLE = "exact_match,strict-match", "exact_match,flexible-extract"
 
@@ -63,7 +63,7 @@ def test_oracle_scores_one_through_the_real_task(mini_data, tmp_path: Path) -> N
 
 
 def test_run_on_oracle_keeps_strict_and_loses_flexible(mini_data, tmp_path: Path) -> None:
-    """eval-notes §2.2: an answer that runs on without a stop string keeps strict-match (first
+    """docs/eval.md §6: an answer that runs on without a stop string keeps strict-match (first
     '#### N') and loses flexible-extract (last number anywhere)."""
     outcome = oracle_scores(mini_data, "<|plamo:bos|>Chapter 7 has 31 pages", tmp_path)
     assert outcome.results["results"]["gsm8k"][STRICT] == 1.0
@@ -107,8 +107,9 @@ def test_tp1pp1_and_tp2pp2_give_identical_results(shard_dirs, mini_data, tmp_pat
         files = {k: Path(v) for k, v in outcome.files.items()}
         assert {p.parent for p in files.values()} == {directory}
         assert files["results"].name.startswith("results_") and files["samples_gsm8k"].name.startswith("samples_gsm8k_")
-        assert files["results_stable"].read_bytes() == files["results"].read_bytes()
-        saved = json.loads(files["results_stable"].read_text())
+        saved = json.loads(files["results_stable"].read_text())  # lm-eval's file, tagged as ours
+        tag = {"kind": EVAL_KIND, "schema_version": EVAL_SCHEMA_VERSION}
+        assert saved == {**tag, **json.loads(files["results"].read_text())}
         assert saved["results"]["gsm8k"][STRICT] == outcome.results["results"]["gsm8k"][STRICT]
         assert saved["config"]["shards"] == str(shards) and saved["model_name"] == str(shards)
         assert len(files["samples_gsm8k"].read_text().splitlines()) == 2 * 4  # a row per (doc, filter)

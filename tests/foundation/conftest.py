@@ -14,8 +14,8 @@ import torch
 from typer.testing import CliRunner
 
 from plamo2_tools.cli import app
-from plamo2_tools.config import Plamo2Config
-from plamo2_tools.synth import PRESETS, random_tensor, synth, write_checkpoint
+from plamo2_tools.model.config import Plamo2Config
+from plamo2_tools.model.synth import PRESETS, random_tensor, synth, write_checkpoint
 
 MakeCkpt = Callable[..., Path]
 

@@ -1,4 +1,4 @@
-"""A second, independent PLaMo 2 forward, written from plamo2-spec.md without importing anything
+"""A second, independent PLaMo 2 forward, written from docs/model.md without importing anything
 from `plamo2_tools`, so the reference forward and its oracles have something to disagree with.
 
 Where the reference takes the obvious route, this one takes another:
@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from safetensors import safe_open
 
-# plamo2-spec.md 4.1, written out again on purpose (not imported from plamo2_tools.config).
+# docs/model.md §3.1, written out again on purpose (not imported from plamo2_tools.model.config).
 OFFSETS = {
     "pre_mixer_norm": 1.0,
     "post_mixer_norm": 0.2,
@@ -40,7 +40,7 @@ QK_EPS = 1e-6
 
 # ---- configuration ----------------------------------------------------------------------------
 def hf_is_mamba(raw: dict[str, Any], i: int) -> bool:
-    """Port of HF modeling_plamo.py's `is_mamba` (plamo2-spec.md section 2)."""
+    """Port of HF modeling_plamo.py's `is_mamba` (docs/model.md §1)."""
     if not raw.get("mamba_enabled", True):
         return False
     step, n_layers = raw["mamba_step"], raw["num_hidden_layers"]
@@ -222,8 +222,11 @@ def attention(m: Model, a: torch.Tensor, w: dict[str, torch.Tensor], layer: int)
     q = rms(q.view(T, Hq, d), None, QK_EPS) * w["q_weight"]
     k = rms(k.view(T, Hkv, d), None, QK_EPS) * w["k_weight"]
     pos = torch.arange(T, dtype=torch.float64)
-    q, k = rope_complex(q, pos, m.get("rope_theta")), rope_complex(k, pos, m.get("rope_theta"))
-    window = None if layer in m.get("full_attention_idx") else m.get("attention_window_size")
+    full = layer in m.get("full_attention_idx")
+    # PLaMo 2.1 (mlx-vlm's plamo2vl port): windowed layers rotate with rope_local_theta when given.
+    theta = m.get("rope_theta") if full or r.get("rope_local_theta") is None else r["rope_local_theta"]
+    q, k = rope_complex(q, pos, theta), rope_complex(k, pos, theta)
+    window = None if full else m.get("attention_window_size")
     m.record("attention_probs", attention_probs(q, k, window))
     o = sdpa(q, k, v.view(T, Hkv, d), window)
     return F.linear(o.reshape(T, Hq * d), w["o_proj.weight"])

@@ -13,9 +13,9 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from plamo2_tools.checkpoint import HFCheckpoint
-from plamo2_tools.config import Plamo2Config
 from plamo2_tools.errors import CheckpointError, ConfigError
+from plamo2_tools.model.checkpoint import HFCheckpoint
+from plamo2_tools.model.config import Plamo2Config
 
 from .conftest import preset_raw
 

@@ -13,9 +13,10 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from plamo2_tools.checkpoint import HFCheckpoint
-from plamo2_tools.reference import reference_logits
-from plamo2_tools.synth import TINY_PRESETS, preset_config
+from plamo2_tools.inspect import INSPECT_KIND, INSPECT_SCHEMA_VERSION
+from plamo2_tools.model.checkpoint import HFCheckpoint
+from plamo2_tools.model.reference import reference_logits
+from plamo2_tools.model.synth import TINY_PRESETS, preset_config
 
 from .conftest import CliResult, MakeCkpt
 
@@ -46,7 +47,7 @@ def test_synth_inspect_logits(tmp_path: Path, cli: Cli, preset: str) -> None:
     r = cli("inspect", out, "--json")
     assert r.exit_code == 0, r.stderr
     info = json.loads(r.stdout)
-    assert info["kind"] == "hf"
+    assert (info["kind"], info["schema_version"], info["format"]) == (INSPECT_KIND, INSPECT_SCHEMA_VERSION, "hf")
     assert info["parameters"] == info["expected_parameters"] == cfg.num_parameters()
     assert info["tensors"] == len(cfg.hf_tensor_shapes())
     assert info["inventory_problems"] == []

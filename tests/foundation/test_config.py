@@ -1,5 +1,5 @@
 """Plamo2Config: parsing, every error path, the derived values and the is_mamba layer rule
-(plamo2-spec.md sections 1-3)."""
+(docs/model.md §1-2)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from plamo2_tools.config import MIN_MAX_POSITIONS, REQUIRED_KEYS, Plamo2Config
 from plamo2_tools.errors import ConfigError, UserError
-from plamo2_tools.synth import PRESETS, preset_config
+from plamo2_tools.model.config import MIN_MAX_POSITIONS, REQUIRED_KEYS, Plamo2Config
+from plamo2_tools.model.synth import PRESETS, preset_config
 
 from .conftest import preset_raw
 from .independent import hf_is_mamba

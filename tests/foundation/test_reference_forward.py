@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from plamo2_tools import reference
-from plamo2_tools.checkpoint import HFCheckpoint
 from plamo2_tools.errors import UserError
+from plamo2_tools.model import reference
+from plamo2_tools.model.checkpoint import HFCheckpoint
 
 from . import independent as ind
 from .conftest import MakeCkpt, preset_raw
@@ -27,6 +27,8 @@ CASES = [
     ("tiny-gqa", 202, 4, 7),
     ("tiny-edge", 301, 5, 4),
     ("tiny-edge", 302, 6, 16),
+    ("tiny-2.1", 401, 7, 5),
+    ("tiny-2.1", 402, 8, 6),
 ]
 
 
@@ -155,7 +157,7 @@ def test_tiled_gqa_would_be_caught(make_ckpt: MakeCkpt, monkeypatch: pytest.Monk
     assert _variant_diff(path, long_tokens(path, 3), lambda m: None) > 1e-3
 
 
-@pytest.mark.parametrize("preset", ["tiny", "tiny-gqa", "tiny-edge"])
+@pytest.mark.parametrize("preset", ["tiny", "tiny-gqa", "tiny-edge", "tiny-2.1"])
 def test_ignoring_the_window_would_be_caught(make_ckpt: MakeCkpt, preset: str) -> None:
     path = make_ckpt(preset, 9)
     assert _variant_diff(path, long_tokens(path, 3), lambda m: m.raw.update(attention_window_size=10**6)) > 1e-3
@@ -171,3 +173,15 @@ def test_window_off_by_one_would_be_caught(make_ckpt: MakeCkpt) -> None:
 def test_ignoring_full_attention_idx_would_be_caught(make_ckpt: MakeCkpt) -> None:
     path = make_ckpt("tiny-gqa", 9)  # layer 4 is full causal
     assert _variant_diff(path, long_tokens(path, 3), lambda m: m.raw.update(full_attention_idx=[])) > 1e-3
+
+
+def test_ignoring_rope_local_theta_would_be_caught(make_ckpt: MakeCkpt) -> None:
+    """PLaMo 2.1: the windowed layers use rope_local_theta (10 vs 1e6 in tiny-2.1)."""
+    path = make_ckpt("tiny-2.1", 9)
+    assert _variant_diff(path, long_tokens(path, 3), lambda m: m.raw.pop("rope_local_theta")) > 1e-3
+
+
+def test_rope_local_theta_on_the_full_attention_layer_would_be_caught(make_ckpt: MakeCkpt) -> None:
+    """...and the full-attention layer (3) keeps rope_theta."""
+    path = make_ckpt("tiny-2.1", 9)
+    assert _variant_diff(path, long_tokens(path, 3), lambda m: m.raw.update(rope_theta=10.0)) > 1e-3

@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from plamo2_tools import reference, reference_ops
+from plamo2_tools.model import reference, reference_ops
 
 from . import independent as ind
 

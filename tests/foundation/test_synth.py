@@ -9,12 +9,13 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors import safe_open
-from transformers import AutoTokenizer
 
-from plamo2_tools.checkpoint import HFCheckpoint
-from plamo2_tools.config import Plamo2Config
 from plamo2_tools.errors import OutputExistsError, UserError
-from plamo2_tools.synth import TINY_PRESETS, preset_config, synth
+from plamo2_tools.model.checkpoint import HFCheckpoint
+from plamo2_tools.model.config import Plamo2Config
+from plamo2_tools.model.synth import TINY_PRESETS, preset_config, synth
+from plamo2_tools.outputs import RECORD_NAME
+from plamo2_tools.tokenizer import load_tokenizer
 
 from . import independent as ind
 from .conftest import MakeCkpt
@@ -23,7 +24,7 @@ FILES = (
     "config.json",
     "generation_config.json",
     "model.safetensors",
-    "tokenizer.json",
+    "tokenizer.jsonl",
     "tokenizer_config.json",
     "special_tokens_map.json",
 )
@@ -43,7 +44,7 @@ def test_same_seed_same_bytes(tmp_path: Path, make_ckpt: MakeCkpt, preset: str) 
     again = tmp_path / "again"
     synth(again, preset, seed=0)
     assert file_bytes(again) == file_bytes(make_ckpt(preset, 0))
-    assert sorted(file_bytes(again)) == sorted(FILES)
+    assert sorted(file_bytes(again)) == sorted((*FILES, RECORD_NAME))  # + the record of what synth wrote
 
 
 @pytest.mark.parametrize("preset", TINY_PRESETS)
@@ -172,7 +173,8 @@ TEXTS = [
 @pytest.mark.parametrize("preset", TINY_PRESETS)
 def test_tokenizer_loads_without_remote_code(make_ckpt: MakeCkpt, preset: str) -> None:
     path = make_ckpt(preset, 0)
-    tok = AutoTokenizer.from_pretrained(str(path), trust_remote_code=False)
+    tok = load_tokenizer(path)  # PLaMo's tokenizer.jsonl, run natively
+    assert type(tok).__name__ == "PlamoTokenizerNative"
     V = preset_config(preset).vocab_size
     assert len(tok) == V
     assert (tok.bos_token_id, tok.eos_token_id, tok.pad_token_id, tok.unk_token_id) == (1, 2, 3, 0)
@@ -189,12 +191,12 @@ def test_tokenizer_loads_without_remote_code(make_ckpt: MakeCkpt, preset: str) -
 
 
 def test_tokenizer_needs_room_for_bytes(tmp_path: Path) -> None:
-    from plamo2_tools.synth import write_tokenizer
+    from plamo2_tools.model.synth import write_tokenizer
 
-    with pytest.raises(UserError, match="261"):
-        write_tokenizer(tmp_path, 260)
-    write_tokenizer(tmp_path, 261)
-    tok = AutoTokenizer.from_pretrained(str(tmp_path))
+    with pytest.raises(UserError, match="263"):
+        write_tokenizer(tmp_path, 262)  # 7 control tokens + 256 byte tokens
+    write_tokenizer(tmp_path, 263)
+    tok = load_tokenizer(tmp_path)
     assert tok.decode(tok.encode("ok ✓"), skip_special_tokens=True) == "ok ✓"
 
 

@@ -7,8 +7,8 @@ import torch
 from kernel_matrix import DEVICE
 from test_ops import TOL, conv_oracle, mamba_inputs, randn, rel_err, seqlens, ssd_oracle
 
-from plamo2_tools import reference_ops as ref
 from plamo2_tools.kernels import get_ops
+from plamo2_tools.model import reference_ops as ref
 
 pytestmark = pytest.mark.gpu
 BF16 = torch.bfloat16

@@ -1,4 +1,4 @@
-"""Every op of every backend against the float64 oracles of ``plamo2_tools.reference_ops``.
+"""Every op of every backend against the float64 oracles of ``plamo2_tools.model.reference_ops``.
 
 Shapes are tiny so that Triton's CPU interpreter stays fast; varlen batches are checked one
 sequence at a time against the single-sequence oracles.
@@ -13,8 +13,8 @@ import torch
 import torch.nn.functional as F
 from kernel_matrix import DEVICE
 
-from plamo2_tools import reference_ops as ref
 from plamo2_tools.kernels import get_ops, torch_ops
+from plamo2_tools.model import reference_ops as ref
 
 # ||y - ref|| / ||ref|| bounds: bf16/fp16 outputs carry one rounding (~2e-3 / 3e-4 rms) plus
 # rounded intermediates (stored residuals, states); fp32 only accumulation-order noise.

@@ -34,7 +34,7 @@ TEST = [
     ),
     ("A farmer has 9 hens laying 2 eggs each. How many eggs is that?", "9*2=<<9*2=18>>18 eggs.\n#### 18"),
 ]
-# What a base model does when no stop string ends its answer (eval-notes 2.2): strict-match still
+# What a base model does when no stop string ends its answer (docs/eval.md §6): strict-match still
 # finds the "#### N", flexible-extract takes the last number and misses.
 RUN_ON = "<|plamo:bos|>Chapter 7 has 31 pages"
 
@@ -50,7 +50,7 @@ def write_data(directory: Path) -> dict[str, str]:
 
 
 def task_config(data_files: dict[str, str], cache_dir: Path) -> dict[str, Any]:
-    """The installed gsm8k.yaml with only the dataset keys changed (eval-notes 2.4, way 2); the
+    """The installed gsm8k.yaml with only the dataset keys changed (docs/eval.md §2, way 2); the
     datasets cache goes to cache_dir, not ~/.cache."""
     import lm_eval.tasks
     import yaml

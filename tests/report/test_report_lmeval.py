@@ -4,12 +4,12 @@ vLLM reference beside it, and the --limit warning; on committed results files an
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
 from report_helpers import assert_tables_well_formed, table_rows
 
+from plamo2_tools.eval.harness import EvalOutcome, write_stable_results
 from plamo2_tools.report import build_report
 from plamo2_tools.report.lmeval import find_layout
 
@@ -81,12 +81,10 @@ def test_live_lm_eval_output(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     out_dir = tmp_path / "lm-eval"
     report_oracle.evaluate(tmp_path / "data", tp=2, pp=2, limit=2, run_on_docs=frozenset({1}), output_path=out_dir)
     written = next(out_dir.rglob("results_*.json"))
-    shutil.copyfile(written, written.with_name("results.json"))
+    write_stable_results(written, written.with_name("results.json"))  # what `plamo2-tools eval` adds
     # What `plamo2-tools eval --json` prints for the same run: a subset of the keys, no "configs".
-    data = json.loads(written.read_text())
-    keep = ("results", "versions", "n-shot", "n-samples", "config", "task_hashes")
-    summary = {**{k: data[k] for k in keep}, "files": {"results": str(written)}, "wall_seconds": 1.0}
-    (out_dir / "eval-summary.json").write_text(json.dumps(summary))
+    outcome = EvalOutcome(json.loads(written.read_text()), {}, {"results": str(written)}, "", "", wall_seconds=1.0)
+    (out_dir / "eval-summary.json").write_text(json.dumps(outcome.summary()))
     result = build_report([out_dir], tmp_path / "r.md", timestamp=False)
     md = result.out.read_text()
     assert [Path(d.name).name for d in result.docs] == ["results.json"]  # the full file wins over the digest

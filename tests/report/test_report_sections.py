@@ -9,6 +9,8 @@ from pathlib import Path
 from report_helpers import assert_png, assert_tables_well_formed, image_links, table_rows
 
 from plamo2_tools.report import ReportResult, build_report
+from plamo2_tools.report.inputs import BENCH_CONVERT_KIND, BENCH_KERNELS_KIND
+from plamo2_tools.runtime.verify import VERIFY_KIND, VERIFY_SCHEMA_VERSION
 
 
 def render(tmp_path: Path, *inputs: Path) -> tuple[str, ReportResult]:
@@ -53,7 +55,8 @@ def test_cell_text_cannot_break_a_table(tmp_path: Path) -> None:
         "passed": False,
         "failures": ["a | b\nc"],
     }
-    (tmp_path / "v.json").write_text(json.dumps({"kind": "plamo2-verify", "layouts": [layout], "passed": False}))
+    data = {"kind": VERIFY_KIND, "schema_version": VERIFY_SCHEMA_VERSION, "layouts": [layout], "passed": False}
+    (tmp_path / "v.json").write_text(json.dumps(data))
     md, _ = render(tmp_path, tmp_path / "v.json")  # render() checks every table row's cell count
     assert "`odd\\|name`" in md and "(no run details in the file)" in md
 
@@ -113,13 +116,16 @@ def bench_kernels_py_records() -> list[dict]:
 
 
 def test_kernel_bench_py_output(tmp_path: Path) -> None:
-    """kernels.json ({"env", "records"}, no kind) and the streamed kernels.jsonl of the same run render
-    once; a cut last line of the stream is tolerated."""
+    """kernels.json ({"kind", "schema_version", "env", "records"}) and the streamed kernels.jsonl
+    (a kind line, then the records) of the same run render once; a cut last line of the stream is
+    tolerated."""
     records = bench_kernels_py_records()
     run = tmp_path / "bench-out"
     run.mkdir()
-    (run / "kernels.json").write_text(json.dumps({"env": records[0], "records": records[:-1]}, indent=1))
-    (run / "kernels.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records) + '{"section": "perf", "ker')
+    kind = {"kind": BENCH_KERNELS_KIND, "schema_version": 1}
+    (run / "kernels.json").write_text(json.dumps({**kind, "env": records[0], "records": records[:-1]}, indent=1))
+    lines = [kind, *records]
+    (run / "kernels.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines) + '{"section": "perf", "ker')
     md, result = render(tmp_path, run)
     assert [d.name for d in result.docs] == [f"{run.as_posix()}/kernels.jsonl"]
     assert "all its measurements are also in" in result.skipped[0].reason
@@ -168,7 +174,8 @@ def test_runtime_bench_table_with_ratio_to_torch(fixtures: Path, tmp_path: Path)
 def test_convert_bench_in_bench_convert_py_schema(tmp_path: Path) -> None:
     """The file bench/convert.py writes: a baseline block and one result per split."""
     data = {
-        "kind": "plamo2-bench-convert",
+        "kind": BENCH_CONVERT_KIND,
+        "schema_version": 1,
         "command": "python bench/convert.py --work W",
         "machine": {"cpus": 2, "sha256_single_thread_GBps": 1.45},
         "options": {"cache": "cold"},
@@ -185,3 +192,36 @@ def test_convert_bench_in_bench_convert_py_schema(tmp_path: Path) -> None:
     md, result = render(tmp_path, path)
     assert ["TP2×PP1", "12.0 s", "2.00×", "1.50×", "500.0 MB", "no: ratio_vs_cp<=1.5"] in table_rows(md)
     assert "`cp -r` 6.000 s" in md and [p.name for p in result.plots] == ["r-convert-time.png"]
+
+
+def test_convert_bench_where_the_time_goes(tmp_path: Path) -> None:
+    """bench/convert.py's per-run details (issue 13): start-up vs inside, copy paths, variants, blob check."""
+    data = {
+        "kind": BENCH_CONVERT_KIND,
+        "schema_version": 1,
+        "machine": {"cpus": 16, "sha256_single_thread_GBps": 1.3, "xxh3_128_single_thread_GBps": 6.8},
+        "checkpoint": {"preset": "plamo-2-1b", "bytes": 5_000_000_000},
+        "baseline": {"cp_s": 4.0, "cp_sync_s": 6.0},
+        "targets": {"ratio": 1.1},
+        "results": [
+            {"tp": 2, "pp": 1, "options": "", "wall_s": 8.5, "convert_seconds": 5.0, "user_s": 7.0, "sys_s": 5.5,
+             "ratio_vs_cp": 2.125, "ratio_vs_cp_sync": 1.4167, "peak_rss_bytes": 800_000_000, "targets": {},
+             "copy": {"bytes": {"copy_file_range": 3_600_000_000, "user": 0, "gather": 1_500_000_000,
+                                "compute": 1_000}}},
+            {"tp": 2, "pp": 1, "options": "--copy user", "wall_s": 9.0, "convert_seconds": 5.5, "user_s": 7.0,
+             "sys_s": 5.0, "ratio_vs_cp": 2.25, "ratio_vs_cp_sync": 1.5, "peak_rss_bytes": 800_000_000, "targets": {},
+             "copy": {"bytes": {"copy_file_range": 0, "user": 3_600_000_000, "gather": 1_500_000_000,
+                                "compute": 1_000}}},
+        ],
+        "blob_check": {"split": "tp2_pp1", "verify_blobs_s": 9.5, "no_verify_blobs_s": 8.5},
+    }  # fmt: skip
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps(data))
+    md, result = render(tmp_path, path)
+    rows = table_rows(md)
+    assert ["TP2×PP1 `--copy user`", "9.000 s", "2.25×", "1.50×", "800.0 MB", "yes"] in rows
+    assert ["TP2×PP1", "", "5.000 s", "3.500 s", "7.000 s + 5.500 s", "3.600 GB", "0 B", "1.500 GB", "1.0 kB"] in rows
+    assert ["TP2×PP1", "`--copy user`", "5.500 s", "3.500 s", "7.000 s + 5.000 s", "0 B", "3.600 GB", "1.500 GB",
+            "1.0 kB"] in rows  # fmt: skip
+    assert "xxh3-128 6.8 GB/s" in md and "9.500 s with `--verify-blobs`" in md and "8.500 s without" in md
+    assert len(result.plots) == 1

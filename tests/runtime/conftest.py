@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from plamo2_tools.convert.engine import convert
+from plamo2_tools.model.synth import preset_config, synth
 from plamo2_tools.runtime.verify import random_prompts, reference_outputs
-from plamo2_tools.synth import preset_config, synth
 
 GREEDY_STEPS = 32
 
@@ -18,7 +18,7 @@ GREEDY_STEPS = 32
 @pytest.fixture(scope="session")
 def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("hf")
-    return {p: _synth(root / p, p) for p in ("tiny", "tiny-gqa", "tiny-edge")}
+    return {p: _synth(root / p, p) for p in ("tiny", "tiny-gqa", "tiny-edge", "tiny-2.1")}
 
 
 def _synth(path: Path, preset: str) -> Path:
@@ -47,7 +47,7 @@ def shards(tmp_path_factory: pytest.TempPathFactory, checkpoints: dict[str, Path
 @pytest.fixture(scope="session")
 def prompts() -> dict[str, list[list[int]]]:
     """Fresh random prompts per preset, longer than every preset's attention window (6-12)."""
-    seeds = {"tiny": 101, "tiny-gqa": 202, "tiny-edge": 303}
+    seeds = {"tiny": 101, "tiny-gqa": 202, "tiny-edge": 303, "tiny-2.1": 404}
     return {p: random_prompts(3, preset_config(p).vocab_size, seed=s, lengths=(5, 40)) for p, s in seeds.items()}
 
 

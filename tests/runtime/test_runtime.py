@@ -7,12 +7,11 @@ import json
 import pytest
 import torch
 
-from plamo2_tools.convert.layout import pp_problems, tp_problems
+from plamo2_tools.model.synth import preset_config
+from plamo2_tools.model.tensors import pp_problems, tp_problems
 from plamo2_tools.runtime.engine import Runtime
-from plamo2_tools.runtime.jobs import runtime_outputs
-from plamo2_tools.runtime.launch import launch
+from plamo2_tools.runtime.jobs import run_job, runtime_outputs
 from plamo2_tools.runtime.verify import THRESHOLDS, compare, judge, verify
-from plamo2_tools.synth import preset_config
 
 GREEDY_STEPS = 32  # the reference fixture's continuation length (conftest.py)
 
@@ -27,7 +26,7 @@ def valid_layouts(preset: str, max_ranks: int = 8) -> list[tuple[int, int]]:
     ]
 
 
-LAYOUTS = [(p, tp, pp) for p in ("tiny", "tiny-gqa", "tiny-edge") for tp, pp in valid_layouts(p)]
+LAYOUTS = [(p, tp, pp) for p in ("tiny", "tiny-gqa", "tiny-edge", "tiny-2.1") for tp, pp in valid_layouts(p)]
 
 
 @pytest.mark.parametrize(("preset", "tp", "pp"), LAYOUTS, ids=[f"{p}-tp{t}-pp{q}" for p, t, q in LAYOUTS])
@@ -66,7 +65,7 @@ def test_torchrun_ranks_equal_one_process(shards, prompts):
     """4 real gloo ranks (TP2 x PP2) and 4 thread ranks give the same logits and tokens."""
     path, seqs = shards("tiny", 2, 2), prompts["tiny"]
     runtime = {"shards": str(path), "device": "cpu", "backend": "torch", "prefill_chunk": None}
-    dist = launch("runtime_outputs", {"runtime": runtime, "prompts": seqs, "max_new_tokens": 8}, nproc=4)
+    dist = run_job(runtime_outputs, runtime, {"prompts": seqs, "max_new_tokens": 8}, launch=True)
     with Runtime(path, backend="torch", mode="local") as rt:
         local = runtime_outputs(rt, seqs, 8)
     assert dist["tokens"] == local["tokens"]
@@ -140,10 +139,17 @@ def test_sampling_is_seeded_and_respects_eos(shards, prompts):
         b = rt.generate(seqs, 8, temperature=1.0, top_p=0.9, seed=5).tokens
         c = rt.generate(seqs, 8, temperature=1.0, top_p=0.9, seed=6).tokens
         greedy = rt.generate(seqs, 8).tokens
-        k = next(j for j, t in enumerate(greedy[0]) if j > 0 and t not in greedy[0][:j])
-        stopped = rt.generate(seqs, 8, eos_token_ids=[greedy[0][k]]).tokens
+        # EOS: a token that some sequence first produces after its first step, so that generation must
+        # also run on past tokens that are not EOS; when every output repeats one token (a random tiny
+        # model may) there is none, and the first token of all is EOS instead.
+        first_seen = [(i, j) for i, g in enumerate(greedy) for j, t in enumerate(g) if t not in g[:j]]
+        i, k = next(((i, j) for i, j in first_seen if j > 0), first_seen[0])
+        eos = greedy[i][k]
+        stopped = rt.generate(seqs, 8, eos_token_ids=[eos]).tokens
     assert a == b and a != c
-    assert stopped[0] == greedy[0][: k + 1]  # ends at (and includes) the EOS token
+    # every sequence ends at (and includes) its first EOS; one without EOS runs its full length
+    assert stopped == [g[: g.index(eos) + 1] if eos in g else g for g in greedy]
+    assert len(stopped[i]) == k + 1
 
 
 def test_bad_tokens_are_a_user_error(shards):
@@ -166,24 +172,25 @@ def test_verify_cli_passes_and_catches_a_broken_shard(tmp_path, shards, checkpoi
     assert ok.exit_code == 0, ok.output
     assert json.loads(ok.stdout)["passed"] is True
 
-    # Swap the q rows of two heads inside rank 1's qkv_proj of layer 1: same shapes, wrong math.
+    # Swap the q rows of two heads inside rank 1's qkv_proj of layer 1, in place: same header and
+    # shapes, wrong math.  Loading refuses the file (its digest); with --no-verify the numbers do.
     broken = tmp_path / "broken"
     import shutil
 
-    from safetensors.torch import load_file, save_file
+    from plamo2_tools.safetensors_io import read_header
 
     shutil.copytree(path, broken)
     f = broken / "model-rank-1-part-0.safetensors"
-    tensors = load_file(f)
-    key = "model.layers.layers.1.mixer.qkv_proj.weight"
-    d = 16
-    w = tensors[key].clone()
-    w[:d], w[d : 2 * d] = tensors[key][d : 2 * d], tensors[key][:d]
-    tensors[key] = w
-    save_file(tensors, f, metadata={"format": "pt"})
-    bad = runner.invoke(
-        app, ["verify", str(broken), "--reference", str(checkpoints["tiny-gqa"]), "--max-new-tokens", "4"]
-    )
+    info = read_header(f).tensors["model.layers.layers.1.mixer.qkv_proj.weight"]
+    rows = 16 * info.row_bytes  # one head of d = 16 rows
+    data = bytearray(f.read_bytes())
+    a, b = info.offset, info.offset + rows
+    data[a:b], data[b : b + rows] = data[b : b + rows], data[a:b]
+    f.write_bytes(bytes(data))
+    args = ["verify", str(broken), "--reference", str(checkpoints["tiny-gqa"]), "--max-new-tokens", "4"]
+    refused = runner.invoke(app, args)
+    assert refused.exit_code == 2 and "model-rank-1-part-0.safetensors: content differs" in refused.stderr
+    bad = runner.invoke(app, [*args, "--no-verify"])
     assert bad.exit_code == 1, bad.output
     assert "FAIL" in bad.output
 

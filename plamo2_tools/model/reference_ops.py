@@ -2,7 +2,7 @@
 
 These are the oracles: the reference forward is built from them, and every kernel (PyTorch path
 and Triton) is tested against them, usually in float64.  They favour readability over speed: the
-Mamba recurrence is the sequential loop of the spec (plamo2-spec.md section 4.4), not a chunked
+Mamba recurrence is the sequential loop of the spec (docs/model.md §3.2), not a chunked
 reformulation.  Every function computes in the dtype of its inputs.
 """
 

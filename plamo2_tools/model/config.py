@@ -1,4 +1,4 @@
-"""The PLaMo 2 configuration: every key of plamo2-spec.md section 1, typed, checked, with the
+"""The PLaMo 2 configuration (docs/model.md, "Configuration"): every key typed and checked, with the
 derived values (Mamba inner width, time-step rank, padded vocab, layer kinds) in one place."""
 
 from __future__ import annotations
@@ -7,9 +7,12 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .errors import ConfigError
+from ..errors import ConfigError
+
+if TYPE_CHECKING:
+    from .variants import Variant
 
 REQUIRED_KEYS = (
     "hidden_size",
@@ -25,7 +28,7 @@ REQUIRED_KEYS = (
     "vocab_size",
 )
 
-# HF's PlamoConfig defaults for the optional keys (plamo2-spec.md section 1.2).
+# HF's PlamoConfig defaults for the optional keys (docs/model.md §1).
 DEFAULTS: dict[str, Any] = {
     "model_type": "plamo2",
     "rms_norm_eps": 1e-6,
@@ -45,7 +48,7 @@ MODEL_TYPES = ("plamo2", "plamo")
 # HF's remote code forces at least this context (modeling_plamo.py).
 MIN_MAX_POSITIONS = 10 * 2**20
 
-# Norm offsets folded into the stored deltas (plamo2-spec.md section 4.1).
+# Norm offsets folded into the stored deltas (docs/model.md §3.1).
 NORM_OFFSETS = {
     "pre_mixer_norm": 1.0,
     "post_mixer_norm": 1.0 / 5,
@@ -75,6 +78,8 @@ class Plamo2Config:
     attention_window_size: int = 2048
     full_attention_idx: tuple[int, ...] = ()
     rope_theta: float = 10000.0
+    # PLaMo 2.1: the RoPE base of the sliding-window layers (None: rope_theta everywhere).
+    rope_local_theta: float | None = None
     max_position_embeddings: int = MIN_MAX_POSITIONS
     tie_word_embeddings: bool = True
     torch_dtype: str = "float32"
@@ -106,7 +111,7 @@ class Plamo2Config:
 
     @property
     def layer_is_mamba(self) -> tuple[bool, ...]:
-        """The is_mamba rule of HF, MLX, vLLM and llama.cpp (plamo2-spec.md section 2)."""
+        """The is_mamba rule of HF, MLX, vLLM and llama.cpp (docs/model.md §1)."""
         L, step = self.num_hidden_layers, self.mamba_step
         if not self.mamba_enabled:
             return (False,) * L
@@ -123,6 +128,19 @@ class Plamo2Config:
         """Keys a query sees besides itself in this attention layer (None = full causal)."""
         return None if layer in self.full_attention_idx else self.attention_window_size
 
+    def rope_base(self, layer: int) -> float:
+        """PLaMo 2.1 picks the RoPE base per layer: rope_theta on the full-attention layers,
+        rope_local_theta on the sliding-window ones (docs/model.md, "PLaMo 2.1")."""
+        if self.rope_local_theta is None or layer in self.full_attention_idx:
+            return self.rope_theta
+        return self.rope_local_theta
+
+    @property
+    def variant(self) -> Variant:
+        from .variants import detect_variant  # the registry reads configs
+
+        return detect_variant(self)
+
     @property
     def eos_token_ids(self) -> tuple[int, ...]:
         if self.eos_token_id is None:
@@ -131,54 +149,11 @@ class Plamo2Config:
             return (self.eos_token_id,)
         return tuple(self.eos_token_id)
 
-    # ---- the tensor inventory of an HF checkpoint (plamo2-spec.md section 3) -----------------
+    # ---- the tensor inventory of an HF checkpoint (the table in model/tensors.py) -------------
     def hf_tensor_shapes(self) -> dict[str, tuple[int, ...]]:
-        D, d, N, K = self.hidden_size, self.hidden_size_per_head, self.mamba_d_state, self.mamba_d_conv
-        Hm, Hq, Hkv, F, I, R = (
-            self.mamba_num_heads,
-            self.num_attention_heads,
-            self.num_key_value_heads,
-            self.intermediate_size,
-            self.mamba_inner,
-            self.dt_rank,
-        )
-        shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (self.vocab_size, D)}
-        for i, is_mamba in enumerate(self.layer_is_mamba):
-            p = f"model.layers.layers.{i}."
-            for norm in NORM_OFFSETS:
-                shapes[p + norm + ".weight"] = (D,)
-            shapes[p + "mlp.gate_up_proj.weight"] = (2 * F, D)
-            shapes[p + "mlp.down_proj.weight"] = (D, F)
-            m = p + "mixer."
-            if is_mamba:
-                shapes.update(
-                    {
-                        m + "in_proj.weight": (2 * I, D),
-                        m + "conv1d.weight": (I, 1, K),
-                        m + "bcdt_proj.weight": (R + 2 * N, I),
-                        m + "dt_proj.weight": (Hm, R),
-                        m + "dt_bias": (Hm,),
-                        m + "A_log": (Hm,),
-                        m + "D": (Hm,),
-                        m + "dt_norm_weight": (R,),
-                        m + "B_norm_weight": (N,),
-                        m + "C_norm_weight": (N,),
-                        m + "out_proj.weight": (D, I),
-                    }
-                )
-            else:
-                shapes.update(
-                    {
-                        m + "qkv_proj.weight": ((Hq + 2 * Hkv) * d, D),
-                        m + "q_weight": (Hq, d),
-                        m + "k_weight": (Hkv, d),
-                        m + "o_proj.weight": (D, Hq * d),
-                    }
-                )
-        shapes["model.norm.weight"] = (D,)
-        if not self.tie_word_embeddings:
-            shapes["lm_head.weight"] = (self.lm_head_rows, D)
-        return shapes
+        from .tensors import hf_tensor_shapes  # the table imports this module
+
+        return hf_tensor_shapes(self)
 
     def num_parameters(self) -> int:
         return sum(math.prod(s) for s in self.hf_tensor_shapes().values())
@@ -209,6 +184,11 @@ class Plamo2Config:
         )
         values["rms_norm_eps"] = _float(values["rms_norm_eps"], source, "rms_norm_eps")
         values["rope_theta"] = _float(values["rope_theta"], source, "rope_theta")
+        if raw.get("rope_local_theta") is not None:
+            values["rope_local_theta"] = _float(raw["rope_local_theta"], source, "rope_local_theta")
+        if "attention_window_size" not in raw and raw.get("sliding_window") is not None:
+            # Some exports carry only the vLLM-style key; the remote code writes both, equal.
+            values["attention_window_size"] = _int(raw, "sliding_window", source)
         fai = values["full_attention_idx"]
         if not isinstance(fai, (list, tuple)):
             raise ConfigError(f"{source}: full_attention_idx = {fai!r}: must be a list of layer indices")
@@ -219,7 +199,7 @@ class Plamo2Config:
         )
         values["mamba_enabled"] = _bool(values["mamba_enabled"], source, "mamba_enabled")
         values["tie_word_embeddings"] = _bool(values["tie_word_embeddings"], source, "tie_word_embeddings")
-        known = set(REQUIRED_KEYS) | set(DEFAULTS)
+        known = set(REQUIRED_KEYS) | set(DEFAULTS) | {"rope_local_theta"}
         values["extra"] = {k: v for k, v in raw.items() if k not in known}
         cfg = cls(**values)
         cfg._validate(source)
@@ -247,6 +227,8 @@ class Plamo2Config:
         for key in DEFAULTS:
             value = getattr(self, key)
             out[key] = list(value) if isinstance(value, tuple) else value
+        if self.rope_local_theta is not None:
+            out["rope_local_theta"] = self.rope_local_theta
         return out
 
     def _validate(self, source: str) -> None:
@@ -270,6 +252,8 @@ class Plamo2Config:
             fail("attention_window_size", "must be > 0")
         if self.rope_theta <= 0:
             fail("rope_theta", "must be > 0")
+        if self.rope_local_theta is not None and self.rope_local_theta <= 0:
+            fail("rope_local_theta", "must be > 0")
         if self.mamba_chunk_size <= 0:
             fail("mamba_chunk_size", "must be > 0")
         bad = [i for i in self.full_attention_idx if not 0 <= i < self.num_hidden_layers]

@@ -1,5 +1,5 @@
 """The reference forward: PLaMo 2 in plain PyTorch on the unsharded HF checkpoint, step by step as
-plamo2-spec.md section 4 writes it.  This is the oracle every later check trusts, so it is written
+docs/model.md §3 writes it.  This is the oracle every later check trusts, so it is written
 to be read, not to be fast: sequential Mamba recurrence, explicit attention masks, HF's sliding
 window semantics, weights streamed one layer at a time so memory stays at one layer.
 """
@@ -11,10 +11,10 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
+from ..errors import UserError
 from . import reference_ops as ops
 from .checkpoint import HFCheckpoint
 from .config import FINAL_NORM_OFFSET, NORM_OFFSETS, Plamo2Config
-from .errors import UserError
 
 QK_NORM_EPS = 1e-6  # hard-coded in HF's remote code (vLLM uses rms_norm_eps; equal in every release)
 
@@ -61,7 +61,8 @@ def attention_mixer(a: torch.Tensor, w: dict[str, torch.Tensor], cfg: Plamo2Conf
     q = ops.rms_norm(q, w["q_weight"], QK_NORM_EPS)  # (Hq, d) weight: one scale per head
     k = ops.rms_norm(k, w["k_weight"], QK_NORM_EPS)
     positions = torch.arange(T)
-    q, k = rope(q, positions, cfg.rope_theta), rope(k, positions, cfg.rope_theta)
+    base = cfg.rope_base(layer)  # PLaMo 2.1: per layer
+    q, k = rope(q, positions, base), rope(k, positions, base)
     o = ops.attention(q, k, v, scale=d**-0.5, window=cfg.attention_window(layer))
     return o.reshape(T, Hq * d) @ w["o_proj.weight"].T
 

@@ -1,19 +1,24 @@
 """`plamo2-tools check`: structural verification of a shard directory without running the model.
 
 Checks, each reported as one line per problem:
-  files      every listed file exists, has the recorded size and sha256, opens with safetensors
+  files      every listed file exists, has the recorded size and digest, opens with safetensors
   headers    metadata says format=pt and the right tp/pp ranks; keys, shapes, dtypes are exactly
              what the layout plans for this config and split (nothing missing, nothing extra)
-  tensors    every tensor's sha256 matches the manifest
+  tensors    every tensor's digest matches the manifest
   replicas   tensors cut from the same pieces on different ranks are byte-identical
   padding    vocab padding rows are zero
   coverage   the pieces of each source tensor cover it exactly once (replicas aside)
+
+Digests are computed in the algorithm and by the rules of the manifest's format version (1:
+SHA-256 of files and tensors; 2: its `hash`, files digested from their header and tensor digests),
+on every core: version 2's tensors hash in parallel, version 1's files do.
 """
 
 from __future__ import annotations
 
-import hashlib
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,10 +26,15 @@ from typing import Any
 import safetensors
 import torch
 
-from ..digest import sha256_file
+from ..dtypes import parse_dtype
+from ..model.tensors import CONSTANT, OutputTensor, rank_tensors
 from ..safetensors_io import read_header
-from .layout import OutputTensor, rank_tensors
-from .manifest import Manifest, load_manifest, parse_dtype
+from .manifest import Manifest, config_sha256, file_metadata, load_manifest
+
+# `check --json` (CheckReport.to_dict): `plamo2-tools report` recognises it by this kind and
+# version.  Bump the version when a field changes meaning or goes away (adding one is compatible).
+CHECK_KIND = "plamo2-check"
+CHECK_SCHEMA_VERSION = 1
 
 
 @dataclass
@@ -37,7 +47,13 @@ class CheckReport:
         return not any(self.checks.values())
 
     def to_dict(self) -> dict[str, Any]:
-        return {"path": str(self.path), "ok": self.ok, "checks": self.checks}
+        return {
+            "kind": CHECK_KIND,
+            "schema_version": CHECK_SCHEMA_VERSION,
+            "path": str(self.path),
+            "ok": self.ok,
+            "checks": self.checks,
+        }
 
 
 def check_shards(path: str | Path, progress: Callable[[int], None] | None = None) -> CheckReport:
@@ -48,10 +64,10 @@ def check_shards(path: str | Path, progress: Callable[[int], None] | None = None
     report.checks["files"], digests = _check_files(m, progress)
     report.checks["headers"] = _check_headers(m)
     report.checks["tensors"] = [
-        f"rank {rank}: {key}: sha256 differs from the manifest"
+        f"rank {rank}: {key}: {m.hash} digest differs from the manifest"
         for rank, entries in m.entries.items()
         for key, e in entries.items()
-        if e.file in digests and digests[e.file].get(key) not in (None, e.sha256)
+        if e.file in digests and digests[e.file].get(key) not in (None, e.digest)
     ]
     report.checks["replicas"] = _check_replicas(m)
     # Only files that passed the file check: a missing or truncated one is reported already.
@@ -61,8 +77,7 @@ def check_shards(path: str | Path, progress: Callable[[int], None] | None = None
 
 
 def _check_config(m: Manifest) -> list[str]:
-    digest = hashlib.sha256((m.path / "config.json").read_bytes()).hexdigest()
-    if digest != m.raw["source"]["config_sha256"]:
+    if config_sha256(m.path) != m.raw["source"]["config_sha256"]:
         return ["config.json differs from the one the shards were converted with"]
     return []
 
@@ -70,6 +85,7 @@ def _check_config(m: Manifest) -> list[str]:
 def _check_files(m: Manifest, progress: Callable[[int], None] | None) -> tuple[list[str], dict[str, dict[str, str]]]:
     problems: list[str] = []
     digests: dict[str, dict[str, str]] = {}
+    readable = []
     for name, rec in sorted(m.files.items()):
         p = m.path / name
         if not p.is_file():
@@ -85,12 +101,20 @@ def _check_files(m: Manifest, progress: Callable[[int], None] | None) -> tuple[l
         except Exception as e:  # noqa: BLE001 - any failure to open is the finding
             problems.append(f"{name}: does not open as safetensors ({e})")
             continue
-        ranges = {k: (t.offset, t.offset + t.nbytes) for k, t in header.tensors.items()}
-        whole, digests[name] = sha256_file(p, ranges)
-        if progress:
-            progress(rec["size"])
-        if whole != rec["sha256"]:
-            problems.append(f"{name}: sha256 differs from the manifest")
+        del header  # read_header validated the layout; file_digests reads it again
+        readable.append(name)
+    with ThreadPoolExecutor(os.cpu_count() or 1, thread_name_prefix="plamo2-check") as pool:
+        results: Iterable[tuple[str, str, dict[str, str]]]
+        if m.version >= 2:  # tensors are independent: parallel inside each file
+            results = ((n, *m.digests_of(m.path / n, pool)) for n in readable)
+        else:  # one sequential sha256 per file: files in parallel
+            results = pool.map(lambda n: (n, *m.digests_of(m.path / n)), readable)
+        for name, whole, tensors in results:
+            digests[name] = tensors
+            if progress:
+                progress(m.files[name]["size"])
+            if whole != m.file_digest(name):
+                problems.append(f"{name}: {m.hash} digest differs from the manifest")
     return problems, digests
 
 
@@ -98,14 +122,16 @@ def _expected(m: Manifest) -> dict[int, list[OutputTensor]]:
     src_dtypes = {n: parse_dtype(r["dtype"]) for n, r in m.source_tensors.items()}
     dtype = m.raw["options"]["dtype"]
     out_dtype = None if dtype == "auto" else parse_dtype(dtype)
-    return {r: rank_tensors(m.config, src_dtypes, m.mapping, r, out_dtype) for r in range(m.mapping.world_size)}
+    planned = {r: rank_tensors(m.config, src_dtypes, m.mapping, r, out_dtype) for r in range(m.mapping.world_size)}
+    if m.version == 1:  # version 1 predates vLLM's extra constant tensors (VLLM_EXTRAS): none expected
+        planned = {r: [t for t in ts if t.source != CONSTANT] for r, ts in planned.items()}
+    return planned
 
 
 def _check_headers(m: Manifest) -> list[str]:
     problems = []
     expected = _expected(m)
     for rank in range(m.mapping.world_size):
-        tp_rank, pp_rank = m.mapping.ranks(rank)
         found: dict[str, tuple[str, torch.dtype, tuple[int, ...]]] = {}
         for fname in m.rank_files(rank):
             p = m.path / fname
@@ -117,8 +143,7 @@ def _check_headers(m: Manifest) -> list[str]:
                 problems.append(f"{fname}: {e}")
                 continue
             meta = header.metadata
-            want = {"format": "pt", "tp_rank": str(tp_rank), "pp_rank": str(pp_rank),
-                    "tp_size": str(m.mapping.tp), "pp_size": str(m.mapping.pp)}  # fmt: skip
+            want = {k: v for k, v in file_metadata(m.mapping, rank).items() if k != "plamo2_tools_version"}
             bad = {k: meta.get(k) for k, v in want.items() if meta.get(k) != v}
             if bad:
                 problems.append(f"{fname}: metadata {bad} should be { ({k: want[k] for k in bad}) }")
@@ -146,7 +171,7 @@ def _check_replicas(m: Manifest) -> list[str]:
     for rank, entries in m.entries.items():
         for key, e in entries.items():
             sig = (e.tensor.source, e.tensor.pieces, e.tensor.transforms, e.tensor.dtype)
-            groups.setdefault(sig, []).append((rank, key, e.sha256))
+            groups.setdefault(sig, []).append((rank, key, e.digest))
     return [
         f"{members[0][1]}: replicas differ across ranks {[r for r, _, _ in members]}"
         for members in groups.values()

@@ -12,16 +12,20 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from ..dtypes import FLOAT_DTYPES as DTYPES
+from ..dtypes import dtype_name, element_size
+from ..errors import EnvironmentLimitError, OutputExistsError, UserError
+from ..outputs import prepare_output, write_record
+from ..tokenizer.synthetic import FIRST_PIECE_ID, write_synthetic_tokenizer
+from .checkpoint import INDEX_NAME, hf_file_names, write_hf_weights
 from .config import FINAL_NORM_OFFSET, NORM_OFFSETS, Plamo2Config
-from .errors import OutputExistsError, UserError
-from .safetensors_io import PartialFile, plan_file, tensor_bytes
+from .tensors import kind_of, layer_of
 
 _1B: dict[str, Any] = dict(
     hidden_size=2048, num_hidden_layers=16, num_attention_heads=16, num_key_value_heads=1,
@@ -33,10 +37,25 @@ _8B: dict[str, Any] = dict(
     mamba_num_heads=64, intermediate_size=16384, torch_dtype="bfloat16",
 )  # fmt: skip
 
+# PLaMo 2.1 (docs/research/plamo2-configs.json): the 2B geometry is mlx-vlm's plamo2vl text-config
+# defaults (32 x 2048 confirmed by llama.cpp's size table); the 8B one is plamo-2-8b's plus the
+# 2.1 keys.  Neither config.json is public: full_attention_idx and rope_local_theta are the port's
+# defaults, which only matter for values, not shapes.
+_2_1_2B: dict[str, Any] = dict(
+    hidden_size=2048, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=4,
+    hidden_size_per_head=128, mamba_d_state=64, mamba_d_conv=4, mamba_num_heads=64, mamba_step=2,
+    intermediate_size=5632, vocab_size=100032, attention_window_size=32768, rope_theta=1e6,
+    rope_local_theta=1e6, torch_dtype="bfloat16",
+)  # fmt: skip
+_2_1_8B: dict[str, Any] = dict(
+    _8B, vocab_size=100032, attention_window_size=32768, rope_theta=1e6, rope_local_theta=1e6
+)
+
 # The tiny presets together cover: one KV head, 1 < Hkv < Hq, mamba_step 3 with an odd layer
 # count, the L <= mamba_step // 2 edge case, an untied head, vocabularies that are not multiples
 # of 64 (or 16), full-attention layers, a non-default rope_theta, and a window short enough to
-# be crossed in tests.  No two sub-blocks share a shape (hidden != 2F, Hm != Hq, ...).
+# be crossed in tests; tiny-2.1 adds PLaMo 2.1's per-layer RoPE base.  No two sub-blocks share a
+# shape (hidden != 2F, Hm != Hq, ...).
 PRESETS: dict[str, dict[str, Any]] = {
     "plamo-2-1b": _1B,
     "plamo-2-8b": _8B,
@@ -51,6 +70,16 @@ PRESETS: dict[str, dict[str, Any]] = {
         mamba_step=3, intermediate_size=160, vocab_size=515, attention_window_size=10,
         full_attention_idx=[4], rope_theta=1e6, tie_word_embeddings=False,
     ),
+    "plamo-2.1-2b": _2_1_2B,
+    "plamo-2.1-8b": _2_1_8B,
+    # PLaMo 2.1 in small: attention layers 1, 3, 5; layer 3 full attention with rope_theta, the
+    # others windowed with a very different rope_local_theta (the issue's mlx-vlm comparison).
+    "tiny-2.1": dict(
+        hidden_size=64, num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=2,
+        hidden_size_per_head=16, mamba_d_state=8, mamba_d_conv=4, mamba_num_heads=8,
+        mamba_step=2, intermediate_size=112, vocab_size=700, attention_window_size=9,
+        full_attention_idx=[3], rope_theta=1e6, rope_local_theta=10.0,
+    ),
     "tiny-edge": dict(
         hidden_size=48, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
         hidden_size_per_head=8, mamba_d_state=4, mamba_d_conv=4, mamba_num_heads=4,
@@ -58,10 +87,9 @@ PRESETS: dict[str, dict[str, Any]] = {
         tie_word_embeddings=False,
     ),
 }  # fmt: skip
-TINY_PRESETS = ("tiny", "tiny-gqa", "tiny-edge")
+TINY_PRESETS = ("tiny", "tiny-gqa", "tiny-edge", "tiny-2.1")
 
 SPECIAL_TOKENS = ["<|plamo:unk|>", "<|plamo:bos|>", "<|plamo:eos|>", "<|plamo:pad|>", "<|plamo:op|>"]
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def preset_config(name: str, dtype: str | None = None) -> Plamo2Config:
@@ -93,30 +121,30 @@ def random_tensor(cfg: Plamo2Config, name: str, shape: tuple[int, ...], seed: in
     def uniform(lo: float, hi: float) -> torch.Tensor:
         return torch.rand(shape, generator=g) * (hi - lo) + lo
 
-    parts = name.split(".")
-    leaf = parts[-2] if parts[-1] == "weight" else parts[-1]
-    if leaf in ("embed_tokens", "lm_head"):
+    init = kind_of(name).init  # the table names each tensor's initialiser
+    if init == "embedding":
         t = normal(1.0 / math.sqrt(cfg.hidden_size))
         t[cfg.vocab_size :] = 0  # HF's lm_head rows beyond V are never used: keep them zero
         return t
-    if leaf in NORM_OFFSETS or leaf == "norm":
+    if init == "norm_delta":
         # Stored deltas around the folded offset: forgetting the offset changes the scale ~10x.
-        return normal(0.1 * NORM_OFFSETS.get(leaf, FINAL_NORM_OFFSET))
-    if leaf in ("dt_norm_weight", "B_norm_weight", "C_norm_weight", "q_weight", "k_weight"):
+        norm = layer_of(name)[1].removesuffix(".weight")
+        return normal(0.1 * NORM_OFFSETS.get(norm, FINAL_NORM_OFFSET))
+    if init == "norm_scale":
         return uniform(0.7, 1.5)
-    if leaf == "A_log":
+    if init == "A_log":
         return uniform(1.0, 16.0).log()
-    if leaf == "D":
+    if init == "D":
         return uniform(0.5, 1.5)
-    if leaf == "dt_bias":
+    if init == "dt_bias":
         # Mamba2 init: softplus(dt_bias) log-uniform in [1e-3, 1e-1], dt_bias = softplus^-1.
         dt = torch.exp(uniform(math.log(1e-3), math.log(1e-1)))
         return dt + torch.log(-torch.expm1(-dt))
-    if leaf == "dt_proj":
+    if init == "dt_proj":
         return normal(0.5 / math.sqrt(shape[1]))
-    if leaf == "conv1d":
+    if init == "conv":
         return normal(1.0 / math.sqrt(shape[-1]))
-    if len(shape) == 2:  # every other linear weight: keeps activations at unit scale
+    if init == "linear":  # keeps activations at unit scale
         return normal(1.0 / math.sqrt(shape[1]))
     raise AssertionError(f"no initialiser for {name}")
 
@@ -142,30 +170,10 @@ def write_checkpoint(
     names = list(shapes)
     files = max(1, min(files, len(names)))
     groups = [names[i * len(names) // files : (i + 1) * len(names) // files] for i in range(files)]
-    file_names = (
-        ["model.safetensors"] if files == 1 else [f"model-{i + 1:05d}-of-{files:05d}.safetensors" for i in range(files)]
-    )
-    weight_map = {}
-    for fname, group in zip(file_names, groups, strict=True):
-        layout = plan_file([(n, dtype, shapes[n]) for n in group], {"format": "pt"})
-        part = PartialFile(out / fname, layout)
-        try:
-            for n in group:
-                t = values(n, shapes[n]).to(dtype)
-                part.write_at(layout.offsets[n], tensor_bytes(t))
-                weight_map[n] = fname
-                if progress:
-                    progress(layout.nbytes[n])
-            part.commit()
-        except BaseException:
-            part.abort()
-            raise
-    if files > 1:
-        total = sum(math.prod(s) for s in shapes.values()) * torch.empty((), dtype=dtype).element_size()
-        index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
-        (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+    specs = {n: (dtype, shapes[n]) for n in names}
+    write_hf_weights(out, groups, specs, lambda n: [(0, values(n, shapes[n]))], progress)
     config = cfg.to_dict()
-    config["torch_dtype"] = {v: k for k, v in DTYPES.items()}.get(dtype, str(dtype))
+    config["torch_dtype"] = dtype_name(dtype)
     (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     (out / "generation_config.json").write_text(
         json.dumps({"bos_token_id": cfg.bos_token_id, "eos_token_id": cfg.eos_token_id}, indent=2) + "\n"
@@ -174,65 +182,16 @@ def write_checkpoint(
         write_tokenizer(out, cfg.vocab_size)
 
 
-def write_tokenizer(out: Path, vocab_size: int) -> None:
-    """A byte-level tokenizer that `AutoTokenizer` loads without remote code.
-
-    Ids 0-4 are PLaMo's special tokens, then the 256 byte symbols; the remaining ids up to V are
-    filler pieces that decode to visible text, so any sampled id decodes.  BOS is added like the
-    real tokenizer with add_bos_token = true.
-    """
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from tokenizers.pre_tokenizers import ByteLevel
-
-    alphabet = ByteLevel.alphabet()
-    byte_symbols = sorted(alphabet, key=lambda c: _byte_of(c))
-    if vocab_size < len(SPECIAL_TOKENS) + len(byte_symbols):
-        raise UserError(f"vocab_size {vocab_size} is too small for a byte-level tokenizer (needs >= 261)")
-    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
-    for sym in byte_symbols:
-        vocab[sym] = len(vocab)
-    while len(vocab) < vocab_size:
-        vocab[f"w{len(vocab)}"] = len(vocab)
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens(SPECIAL_TOKENS)
-    spec = json.loads(tok.to_str())
-    # Written as JSON: TemplateProcessing's string syntax cannot hold the ':' in PLaMo's names.
-    bos = {"SpecialToken": {"id": SPECIAL_TOKENS[1], "type_id": 0}}
-    spec["post_processor"] = {
-        "type": "TemplateProcessing",
-        "single": [bos, {"Sequence": {"id": "A", "type_id": 0}}],
-        "pair": [bos, {"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
-        "special_tokens": {SPECIAL_TOKENS[1]: {"id": SPECIAL_TOKENS[1], "ids": [1], "tokens": [SPECIAL_TOKENS[1]]}},
-    }
-    (out / "tokenizer.json").write_text(json.dumps(spec, ensure_ascii=False))
-    config = {
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "add_bos_token": True,
-        "add_eos_token": False,
-        "unk_token": SPECIAL_TOKENS[0],
-        "bos_token": SPECIAL_TOKENS[1],
-        "eos_token": SPECIAL_TOKENS[2],
-        "pad_token": SPECIAL_TOKENS[3],
-        "model_max_length": 10 * 2**20,
-        "clean_up_tokenization_spaces": False,
-    }
-    (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
-    special = {k: config[k] for k in ("unk_token", "bos_token", "eos_token", "pad_token")}
-    (out / "special_tokens_map.json").write_text(json.dumps(special, indent=2) + "\n")
+TOKENIZER_FILES = ("tokenizer.jsonl", "tokenizer_config.json", "special_tokens_map.json")
 
 
-def _byte_of(symbol: str) -> int:
-    """The byte a ByteLevel alphabet symbol stands for (GPT-2's bytes_to_unicode inverse)."""
-    cp = ord(symbol)
-    printable = (
-        list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    )
-    if cp in printable:
-        return cp
-    others = [b for b in range(256) if b not in printable]
-    return others[cp - 256]
+def write_tokenizer(out: Path, vocab_size: int, seed: int = 0) -> None:
+    """A tokenizer in PLaMo's own format (tokenizer.jsonl: control tokens 0-6, the 256 byte
+    tokens, pieces with scores learned from text), run natively by plamo2_tools.tokenizer, so the
+    whole pipeline exercises the format real checkpoints ship (docs/tokenizer.md)."""
+    if vocab_size < FIRST_PIECE_ID:
+        raise UserError(f"vocab_size {vocab_size} is too small for a PLaMo tokenizer (needs >= {FIRST_PIECE_ID})")
+    write_synthetic_tokenizer(out, vocab_size, seed=seed)
 
 
 def synth(
@@ -253,10 +212,17 @@ def synth(
     if not 1 <= files <= tensors:
         # write_checkpoint would clamp silently, and the CLI would then report the wrong count.
         raise UserError(f"files = {files}: must be between 1 and the {tensors} tensors of {preset}")
-    if out.exists() and any(out.iterdir()):
-        if not force:
-            raise OutputExistsError(f"{out}: exists and is not empty (use --force to replace it)")
-        shutil.rmtree(out)
+    for p in (out, *out.parents):
+        if p.exists() and not p.is_dir():
+            raise OutputExistsError(f"{out}: {p} exists and is not a directory")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise EnvironmentLimitError(f"{out}: cannot create the output directory ({e.strerror or e})") from None
+    # --force replaces an earlier synth's files (as its record lists them), never anything else.
+    writes = synth_files(files)
+    prepare_output(out, writes, force)
+    write_record(out, "synth", f"preset {preset}, seed {seed}", writes, "writing")
     write_checkpoint(
         out,
         cfg,
@@ -265,8 +231,15 @@ def synth(
         files=files,
         progress=progress,
     )
+    write_record(out, "synth", f"preset {preset}, seed {seed}", writes, "complete")
     return cfg
 
 
+def synth_files(files: int) -> list[str]:
+    """Every file `synth` writes: the weights (+ index), config, generation config, tokenizer."""
+    weights = hf_file_names(files) + ([INDEX_NAME] if files > 1 else [])
+    return weights + ["config.json", "generation_config.json", *TOKENIZER_FILES]
+
+
 def checkpoint_bytes(cfg: Plamo2Config, dtype: torch.dtype) -> int:
-    return cfg.num_parameters() * torch.empty((), dtype=dtype).element_size()
+    return cfg.num_parameters() * element_size(dtype)

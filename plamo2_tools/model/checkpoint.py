@@ -6,13 +6,17 @@ from __future__ import annotations
 
 import json
 import os
+import threading
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import torch
 
+from ..dtypes import SAFETENSORS_NAMES as DTYPE_NAMES
+from ..errors import CheckpointError
+from ..safetensors_io import PartialFile, SafetensorsFile, TensorInfo, plan_file, read_header, read_rows, tensor_bytes
 from .config import Plamo2Config
-from .errors import CheckpointError
-from .safetensors_io import DTYPE_NAMES, SafetensorsFile, TensorInfo, read_header, read_rows
+from .tensors import accepted_shapes
 
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
@@ -30,6 +34,7 @@ class HFCheckpoint:
         self.tensors: dict[str, TensorInfo] = {}
         self._file_of: dict[str, SafetensorsFile] = {}
         self._fds: dict[Path, int] = {}
+        self._fds_lock = threading.Lock()  # convert reads rows from several threads
         for file in self._find_files():
             header = read_header(file)
             self.files.append(header)
@@ -83,7 +88,7 @@ class HFCheckpoint:
         for name, info in self.tensors.items():
             if name not in expected:
                 problems.append(f"unexpected tensor {name} {list(info.shape)}")
-            elif info.shape != expected[name]:
+            elif info.shape not in accepted_shapes(self.config, name):
                 problems.append(f"wrong shape for {name}: {list(info.shape)}, expected {list(expected[name])}")
             elif not info.dtype.is_floating_point:
                 problems.append(f"wrong dtype for {name}: {DTYPE_NAMES[info.dtype]}, expected a float type")
@@ -101,9 +106,10 @@ class HFCheckpoint:
         return self._file_of[name]
 
     def _fd(self, path: Path) -> int:
-        if path not in self._fds:
-            self._fds[path] = os.open(path, os.O_RDONLY)
-        return self._fds[path]
+        with self._fds_lock:
+            if path not in self._fds:
+                self._fds[path] = os.open(path, os.O_RDONLY)
+            return self._fds[path]
 
     def read_rows(self, name: str, start: int, stop: int) -> torch.Tensor:
         info = self.tensors[name]
@@ -134,3 +140,50 @@ def _read_index(index: Path) -> dict[str, str]:
     except (json.JSONDecodeError, KeyError, TypeError):
         raise CheckpointError(f"{index}: not a valid safetensors index (needs a 'weight_map' object)") from None
     return {str(k): str(v) for k, v in weight_map.items()}
+
+
+# ---- writing ---------------------------------------------------------------------------------------
+TensorSpec = tuple[torch.dtype, tuple[int, ...]]
+Chunks = Callable[[str], Iterable[tuple[int, torch.Tensor]]]  # name -> (first row, rows) in order
+
+
+def hf_file_names(count: int) -> list[str]:
+    """HF's names: model.safetensors, or model-0000i-of-0000n.safetensors with an index."""
+    if count == 1:
+        return ["model.safetensors"]
+    return [f"model-{i + 1:05d}-of-{count:05d}.safetensors" for i in range(count)]
+
+
+def write_hf_weights(
+    out: Path,
+    groups: list[list[str]],
+    specs: dict[str, TensorSpec],
+    chunks: Chunks,
+    progress: Callable[[int], None] | None = None,
+) -> list[str]:
+    """Write the weights of an HF checkpoint: one safetensors file per group of tensor names (and
+    model.safetensors.index.json when there are several), each file complete or absent."""
+    names = hf_file_names(len(groups))
+    weight_map: dict[str, str] = {}
+    total = 0
+    for fname, group in zip(names, groups, strict=True):
+        layout = plan_file([(n, *specs[n]) for n in group], {"format": "pt"})
+        part = PartialFile(out / fname, layout)
+        try:
+            for name in group:
+                row_bytes = layout.nbytes[name] // specs[name][1][0]
+                for first, rows in chunks(name):
+                    data = tensor_bytes(rows.to(specs[name][0]))
+                    part.write_at(layout.offsets[name] + first * row_bytes, data)
+                    if progress:
+                        progress(len(data))
+                weight_map[name] = fname
+                total += layout.nbytes[name]
+            part.commit()
+        except BaseException:
+            part.abort()
+            raise
+    if len(names) > 1:
+        index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+        (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+    return names

@@ -1,0 +1,640 @@
+"""Compatibility check against vLLM itself: do our shards load into vLLM 0.26.0's Plamo2ForCausalLM bit for bit?
+
+Runs inside the vLLM venv (bench/vllm_compat.sh creates it). For every tiny preset and every valid TP (PP = 1):
+
+1. the project's CLI synthesises the checkpoint, says which TP sizes are valid and converts it;
+2. one process per TP rank (forked from one launcher that imported vLLM once), joined over gloo on 127.0.0.1,
+   builds vLLM's `Plamo2ForCausalLM` on CPU and
+   (a) loads the HF checkpoint with vLLM's default loader, (b) loads our shards with vLLM's `ShardedStateLoader`;
+3. our shard files and the model state after (b) are compared with the state after (a) key by key: names, dtypes,
+   shapes and bytes (the "state" is what `ShardedStateLoader` itself requires: `_filter_subtensors(state_dict())`).
+
+Where vLLM 0.26's own HF loader is wrong (an untied `lm_head` with rows != vocab_size asserts; `k_norm` for
+1 < KV heads < TP crashes or loads the wrong row), the reference (a) is vLLM's loader fed a fixed input (lm_head cut
+to vocab_size rows; k_weight with each KV head's row repeated TP/Hkv times, so vLLM's narrow picks the KV head the
+rank's k_proj holds), and vLLM's genuine outcome is recorded as vLLM's bug.
+
+This module imports no plamo2_tools code (the package may not be installed here and its modules move); the main
+process imports neither torch nor vLLM (bar the debug --inject-missing-scales), so a broken vLLM install is a
+reported failure, not a crash.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+KIND = "plamo2-vllm-compat"
+VERSION = 1
+PRESETS = ("tiny", "tiny-gqa", "tiny-edge")
+TPS = (1, 2, 4, 8)
+STATUSES = ("pass", "pass-vllm-hf-bug", "fail", "skipped")
+# What vLLM's Attention registers per attention layer for an unquantized model (set_default_quant_scales in
+# vllm/model_executor/layers/attention/attention.py): persistent 0-dim fp32 buffers holding 1.0.
+ATTN_SCALES = ("_k_scale", "_v_scale", "_q_scale", "_prob_scale")
+# No network: vLLM and transformers must read local files only and send no usage statistics.
+WORKER_ENV = {
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "VLLM_NO_USAGE_STATS": "1",
+    "DO_NOT_TRACK": "1",
+    "VLLM_LOGGING_LEVEL": "WARNING",
+    "OMP_NUM_THREADS": "1",  # up to 8 ranks share 2 cores; nothing here is compute-bound
+    "TOKENIZERS_PARALLELISM": "false",
+}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# worker: one TP rank, inside the vLLM venv
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _setup_vllm() -> None:
+    """Make vLLM 0.26 build Plamo2ForCausalLM on a GPU-less host; must run before vLLM modules are imported."""
+    import torch
+    import vllm.platforms
+    from vllm.platforms.cpu import CpuPlatform
+
+    # The CUDA wheel finds no GPU and no CPU build tag, so it would resolve to UnspecifiedPlatform; modules that
+    # `from vllm.platforms import current_platform` bind whatever is set when they are first imported.
+    vllm.platforms._current_platform = CpuPlatform()
+
+    # SiluAndMul looks up torch.ops._C.silu_and_mul at construction on CPU; the CUDA wheel's _C has none for CPU.
+    # Never called here (no forward), but give it the right semantics anyway.
+    try:
+        torch.ops._C.silu_and_mul  # noqa: B018
+    except (AttributeError, RuntimeError):
+        # Explicit schema: this module's postponed annotations are strings that infer_schema cannot read.
+        @torch.library.custom_op("_C::silu_and_mul", mutates_args=("out",), schema="(Tensor(a!) out, Tensor x) -> ()")
+        def _silu_and_mul(out: torch.Tensor, x: torch.Tensor) -> None:
+            d = x.shape[-1] // 2
+            out.copy_(torch.nn.functional.silu(x[..., :d]) * x[..., d:])
+
+    # transformers has no plamo2 config class and tiny checkpoints carry no remote code: a bare one is enough,
+    # vLLM reads the attributes from config.json and patches rope_theta into rope_parameters itself.
+    from transformers import AutoConfig, PretrainedConfig
+
+    class Plamo2Config(PretrainedConfig):
+        model_type = "plamo2"
+
+    with contextlib.suppress(ValueError):  # already registered (a newer transformers may ship one)
+        AutoConfig.register("plamo2", Plamo2Config)
+
+
+def _vllm_config(model_dir: str, tp: int, load_format: str, dtype: str) -> Any:
+    from vllm.engine.arg_utils import EngineArgs
+
+    return EngineArgs(
+        model=model_dir,
+        skip_tokenizer_init=True,
+        tensor_parallel_size=tp,
+        load_format=load_format,
+        dtype=dtype,
+        max_model_len=64,  # bounds the RoPE cache (max_position_embeddings is 10M in PLaMo 2 configs)
+        enforce_eager=True,
+    ).create_engine_config()
+
+
+class _LoadFailed(Exception):
+    pass
+
+
+def _load_state(model_dir: str, tp: int, load_format: str, dtype: str, fix_input: Any = None) -> tuple[dict, dict]:
+    """Build the rank's model, run the loader's load_weights and return (state, buffer info).
+
+    Not `loader.load_model`: on CpuPlatform its process_weights_after_loading replaces linear weights with packed
+    kernels' copies, and the state a sharded checkpoint must hold is the one load_weights fills."""
+    import torch
+    from vllm.config import set_current_vllm_config
+    from vllm.model_executor.model_loader import DefaultModelLoader, get_model_loader
+    from vllm.model_executor.model_loader.sharded_state_loader import ShardedStateLoader
+    from vllm.model_executor.model_loader.utils import initialize_model
+    from vllm.utils.torch_utils import set_default_torch_dtype
+
+    cfg = _vllm_config(model_dir, tp, load_format, dtype)
+    with set_current_vllm_config(cfg), set_default_torch_dtype(cfg.model_config.dtype), torch.device("cpu"):
+        model = initialize_model(vllm_config=cfg, model_config=cfg.model_config)
+        loader = get_model_loader(cfg.load_config)
+        if fix_input is not None:
+            assert isinstance(loader, DefaultModelLoader)
+            inner = loader.get_all_weights
+            loader.get_all_weights = lambda mc, m: (fix_input(n, w) for n, w in inner(mc, m))  # type: ignore[method-assign]
+        try:
+            loader.load_weights(model, cfg.model_config)
+        except Exception as e:  # vLLM's own refusal is a result here, not a crash of the harness
+            import traceback
+
+            # Where it failed, since vLLM's asserts carry no message.
+            frames = traceback.extract_tb(e.__traceback__)
+            at = next((f for f in reversed(frames) if "/vllm/" in f.filename), frames[-1])
+            where = f"{at.filename.rsplit('site-packages/', 1)[-1]}:{at.lineno}: {at.line}"
+            raise _LoadFailed(f"{type(e).__name__}: {e} [at {where}]".replace(":  [", ": [")) from e
+        state = {k: v.detach().clone() for k, v in ShardedStateLoader._filter_subtensors(model.state_dict()).items()}
+        params = {n for n, _ in model.named_parameters(remove_duplicate=False)}
+        buffers = {
+            k: {"dtype": str(v.dtype).removeprefix("torch."), "shape": list(v.shape), "value": _scalar(v)}
+            for k, v in state.items()
+            if k not in params
+        }
+    return state, buffers
+
+
+def _scalar(t: Any) -> float | None:
+    return float(t.reshape(-1)[0]) if t.numel() == 1 else None
+
+
+def _hf_fixes(hf_dir: str, tp: int) -> dict[str, tuple[str, Callable[[str, Any], Any]]]:
+    """The input fixes that make vLLM 0.26's HF loader produce the correct rank state: name -> (why, fn)."""
+    from safetensors import safe_open
+
+    cfg = json.loads((Path(hf_dir) / "config.json").read_text())
+    vocab, hkv = cfg["vocab_size"], cfg["num_key_value_heads"]
+    lm_rows = None
+    for f in sorted(Path(hf_dir).glob("*.safetensors")):
+        with safe_open(str(f), "pt") as st:
+            if "lm_head.weight" in st.keys():  # noqa: SIM118
+                lm_rows = st.get_slice("lm_head.weight").get_shape()[0]
+    fixes: dict[str, tuple[str, Callable[[str, Any], Any]]] = {}
+    if not cfg.get("tie_word_embeddings", True) and lm_rows is not None and lm_rows != vocab:
+        # VocabParallelEmbedding.weight_loader asserts rows == vocab_size; the HF remote code rounds the untied
+        # head up to a multiple of 16 and never uses the extra rows.
+        fixes["lm_head_rows"] = (
+            f"lm_head.weight cut from {lm_rows} to vocab_size {vocab} rows (vLLM asserts rows == vocab_size)",
+            lambda n, w: w[:vocab] if n == "lm_head.weight" else w,
+        )
+    if 1 < hkv < tp:
+        # k_norm's sharded_weight_loader(0) narrows row tp_rank, but the rank's k_proj holds KV head
+        # tp_rank // (tp / hkv): rows tp_rank >= hkv crash, the others are the wrong head.
+        fixes["k_norm_kv_head"] = (
+            f"k_weight rows repeated {tp // hkv}x (vLLM narrows k_norm at tp_rank, not at the rank's KV head)",
+            lambda n, w: w.repeat_interleave(tp // hkv, dim=0) if n.endswith(".k_weight") else w,
+        )
+    return fixes
+
+
+def _compose(fns: list[Callable[[str, Any], Any]]) -> Callable[[str, Any], tuple[str, Any]]:
+    def fix(name: str, w: Any) -> tuple[str, Any]:
+        for fn in fns:
+            w = fn(name, w)
+        return name, w
+
+    return fix
+
+
+def _bits_equal(a: Any, b: Any) -> bool:
+    import torch
+
+    return torch.equal(a.reshape(-1).contiguous().view(torch.uint8), b.reshape(-1).contiguous().view(torch.uint8))
+
+
+def _desc(t: Any) -> dict[str, Any]:
+    return {"dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape), "value": _scalar(t)}
+
+
+def compare(ref: dict, got: dict) -> list[dict[str, Any]]:
+    """Every difference between two state dicts: missing/unexpected keys, dtype, shape, bytes."""
+    out: list[dict[str, Any]] = []
+    for k in sorted(ref.keys() - got.keys()):
+        out.append({"key": k, "what": "missing", "expected": _desc(ref[k])})
+    for k in sorted(got.keys() - ref.keys()):
+        out.append({"key": k, "what": "unexpected", "got": _desc(got[k])})
+    for k in sorted(ref.keys() & got.keys()):
+        a, b = ref[k], got[k]
+        if a.dtype != b.dtype:
+            out.append({"key": k, "what": "dtype", "expected": str(a.dtype), "got": str(b.dtype)})
+        elif a.shape != b.shape:
+            out.append({"key": k, "what": "shape", "expected": list(a.shape), "got": list(b.shape)})
+        elif not _bits_equal(a, b):
+            diff = a.ne(b) if a.is_floating_point() else a != b
+            delta = (a.double() - b.double()).abs().nan_to_num(nan=float("inf")).max().item()
+            out.append({"key": k, "what": "value", "elements": int(diff.sum()), "max_abs_diff": delta})
+    return out
+
+
+def rank_main(case: dict[str, Any], rank: int) -> None:
+    """One TP rank (a forked child of the launcher): loads (a) and (b), writes its result JSON."""
+    tp, dtype, hf, shards = case["tp"], case["dtype"], case["hf"], case["shards"]
+    res: dict[str, Any] = {"rank": rank, "timings": {}}
+    try:
+        t0 = time.perf_counter()
+        from vllm.config import set_current_vllm_config
+        from vllm.distributed.parallel_state import init_distributed_environment, initialize_model_parallel
+
+        # initialize_model_parallel reads the current vLLM config, as in vLLM's own workers.
+        with set_current_vllm_config(_vllm_config(hf, tp, "auto", dtype)):
+            init_distributed_environment(
+                world_size=tp,
+                rank=rank,
+                distributed_init_method=f"tcp://127.0.0.1:{case['port']}",
+                local_rank=rank,
+                backend="gloo",
+            )
+            initialize_model_parallel(tp, 1)
+        res["timings"]["setup_s"] = round(time.perf_counter() - t0, 2)
+
+        # (a) vLLM's default loader on the HF checkpoint, exactly as a user would run it.
+        t0 = time.perf_counter()
+        genuine = None
+        try:
+            genuine, buffers = _load_state(hf, tp, "auto", dtype)
+            res["hf_load"] = {"ok": True}
+        except _LoadFailed as e:
+            res["hf_load"] = {"ok": False, "error": str(e)}
+        fixes = _hf_fixes(hf, tp)
+        ref = genuine
+        if fixes:
+            # (a') the same loader fed the corrected input: the reference where vLLM's HF path is wrong.
+            res["hf_fixes"] = {k: why for k, (why, _) in fixes.items()}
+            try:
+                ref, buffers = _load_state(hf, tp, "auto", dtype, _compose([fn for _, fn in fixes.values()]))
+            except _LoadFailed as e:
+                res["hf_fixed_load"] = {"ok": False, "error": str(e)}
+                ref = None
+            if ref is not None:
+                # vLLM's outcome without each fix, so each bug shows on its own (one assert can hide another).
+                without: dict[str, Any] = {}
+                for k in fixes if len(fixes) > 1 else ():
+                    others = _compose([fn for j, (_, fn) in fixes.items() if j != k])
+                    try:
+                        state, _ = _load_state(hf, tp, "auto", dtype, others)
+                        without[k] = {"ok": True, "wrong_keys": [m["key"] for m in compare(ref, state)]}
+                    except _LoadFailed as e:
+                        without[k] = {"ok": False, "error": str(e)}
+                res["hf_without_fix"] = without
+                if genuine is not None:
+                    # Where vLLM's genuine HF load "succeeded" but put different bytes (k_norm rows).
+                    res["hf_load"]["wrong_keys"] = [m["key"] for m in compare(ref, genuine)]
+        res["timings"]["hf_load_s"] = round(time.perf_counter() - t0, 2)
+        if ref is None:
+            raise RuntimeError("no reference state: vLLM's HF loader failed and no input fix applies")
+        res["state_keys"] = len(ref)
+        res["buffers"] = buffers
+
+        # (b) vLLM's ShardedStateLoader on our shards.
+        t0 = time.perf_counter()
+        try:
+            loaded, _ = _load_state(shards, tp, "sharded_state", dtype)
+            res["sharded_load"] = {"ok": True}
+            res["sharded_state_mismatches"] = compare(ref, loaded)
+        except _LoadFailed as e:
+            res["sharded_load"] = {"ok": False, "error": str(e)}
+        res["timings"]["sharded_load_s"] = round(time.perf_counter() - t0, 2)
+
+        # Our files themselves: ShardedStateLoader copy_()s into the parameters, which would silently cast a wrong
+        # dtype and narrow a too-large tensor, so the files are compared too, not only the state after (b).
+        from safetensors.torch import load_file
+
+        files: dict[str, Any] = {}
+        for f in sorted(Path(shards).glob(f"model-rank-{rank}-part-*.safetensors")):
+            files.update(load_file(str(f)))
+        res["file_mismatches"] = compare(ref, files)
+    except Exception as e:  # reported per rank; the main process turns it into the case's failure
+        import traceback
+
+        res["error"] = f"{type(e).__name__}: {e}"
+        res["traceback"] = traceback.format_exc()[-4000:]
+    Path(case["result_dir"], f"rank{rank}.json").write_text(json.dumps(res, indent=1))
+    with contextlib.suppress(Exception):  # frees the TP group's shared-memory broadcaster
+        from vllm.distributed.parallel_state import destroy_distributed_environment, destroy_model_parallel
+
+        destroy_model_parallel()
+        destroy_distributed_environment()
+
+
+def run_launcher(plan_path: str) -> None:
+    """Import vLLM once, then per case fork one child per TP rank (vLLM's own default worker start method).
+
+    Per-rank interpreters would each import torch + vLLM (~30 s of CPU and disk each): TP 8 on 2 cores took 6.5
+    minutes that way. Progress goes to the original stdout, one JSON line per finished case; vLLM's logs go to
+    stderr, which the main process sends to a log file."""
+    import multiprocessing as mp
+
+    progress = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)  # vLLM logs to stdout; keep the progress channel clean
+    t0 = time.perf_counter()
+    _setup_vllm()
+    # Everything the ranks import, imported before the fork so that the children share it.
+    import safetensors.torch  # noqa: F401
+    import vllm.engine.arg_utils  # noqa: F401
+    import vllm.model_executor.model_loader  # noqa: F401
+    import vllm.model_executor.models.plamo2  # noqa: F401
+
+    plan = json.loads(Path(plan_path).read_text())
+    progress.write(json.dumps({"event": "ready", "import_s": round(time.perf_counter() - t0, 2)}) + "\n")
+    ctx = mp.get_context("fork")
+    for case in plan["cases"]:
+        Path(case["result_dir"]).mkdir(parents=True, exist_ok=True)
+        case["port"] = _free_port()
+        t0 = time.perf_counter()
+        procs = [ctx.Process(target=rank_main, args=(case, r), name=f"rank{r}") for r in range(case["tp"])]
+        for p in procs:
+            p.start()
+        deadline = time.monotonic() + plan["case_timeout"]
+        for p in procs:
+            p.join(max(0.1, deadline - time.monotonic()))
+        timed_out = [p.name for p in procs if p.is_alive()]
+        for p in procs:
+            if p.is_alive():
+                p.kill()  # only the ranks this launcher forked, by their own pid
+                p.join()
+        event = {"event": "case", "id": case["id"], "wall_s": round(time.perf_counter() - t0, 2)}
+        progress.write(json.dumps({**event, "timed_out": timed_out, "exitcodes": [p.exitcode for p in procs]}) + "\n")
+    progress.write(json.dumps({"event": "done"}) + "\n")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# main: presets x TP through the project's CLI, the vLLM launcher, JSON + one line per case
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _cli(cli: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([cli, *args], capture_output=True, text=True, timeout=600)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _valid_tps(cli: str, src: Path, wanted: list[int]) -> tuple[list[int], dict[int, str]]:
+    """TP sizes `inspect --json` allows; if inspect is unavailable every size is tried and convert decides."""
+    r = _cli(cli, "inspect", str(src), "--json")
+    try:
+        rows = {row["tp"]: row for row in json.loads(r.stdout)["splits"]["tp"]}
+    except (ValueError, KeyError, TypeError):
+        return wanted, {}
+    ok = [t for t in wanted if rows.get(t, {}).get("ok")]
+    why = {t: "; ".join(rows[t]["reasons"]) if t in rows else "not listed by inspect" for t in wanted if t not in ok}
+    return ok, why
+
+
+def inject_scales(src: Path, dst: Path) -> int:
+    """DEBUG (--inject-missing-scales): a copy of the shards with vLLM's attention scale buffers added."""
+    import torch
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    shutil.copytree(src, dst)
+    added = 0
+    for f in sorted(dst.glob("model-rank-*-part-*.safetensors")):
+        with safe_open(str(f), "pt") as st:
+            meta = st.metadata()
+            tensors = {k: st.get_tensor(k) for k in st.keys()}  # noqa: SIM118
+        for k in list(tensors):
+            if k.endswith(".mixer.qkv_proj.weight"):
+                prefix = k.removesuffix("qkv_proj.weight") + "attn."
+                for s in ATTN_SCALES:
+                    tensors.setdefault(prefix + s, torch.tensor(1.0, dtype=torch.float32))
+                    added += 1
+        save_file(tensors, str(f), metadata=meta)
+    return added
+
+
+def _model_dtype(src: Path, dtype: str) -> str:
+    """The dtype vLLM must run at to see our files' bytes: the converter's output dtype. Not vLLM's "auto", which
+    turns a float32 checkpoint into bfloat16 (ShardedStateLoader would then cast our files silently)."""
+    if dtype != "auto":
+        return dtype
+    cfg = json.loads((src / "config.json").read_text())
+    return str(cfg.get("torch_dtype") or cfg.get("dtype") or "auto")
+
+
+def prepare_case(a: argparse.Namespace, work: Path, preset: str, src: Path, tp: int) -> dict[str, Any]:
+    """Convert with the project's CLI; the case dict is what the launcher needs (status set only if it failed)."""
+    case: dict[str, Any] = {"preset": preset, "tp": tp, "pp": 1, "dtype": _model_dtype(src, a.dtype), "timings": {}}
+    shards = work / f"{preset}-tp{tp}"
+    t0 = time.perf_counter()
+    r = _cli(a.plamo2_tools, "convert", str(src), str(shards), "--tp", str(tp), "--dtype", a.dtype)
+    case["timings"]["convert_s"] = round(time.perf_counter() - t0, 2)
+    if r.returncode == 2:  # the converter refuses a split it cannot do (inspect was unavailable)
+        return {**case, "status": "skipped", "reason": (r.stderr.strip().splitlines() or ["refused"])[-1]}
+    if r.returncode != 0:
+        return {**case, "status": "fail", "error": f"convert exit {r.returncode}: {r.stderr.strip()[-2000:]}"}
+    if a.inject_missing_scales:
+        injected = shards.with_name(shards.name + "-injected")
+        case["injected_scales"] = inject_scales(shards, injected)
+        shards = injected
+    case_id = f"{preset}-tp{tp}"
+    return {**case, "id": case_id, "hf": str(src), "shards": str(shards), "result_dir": str(work / "results" / case_id)}
+
+
+def collect(case: dict[str, Any], event: dict[str, Any] | None, log: Path) -> dict[str, Any]:
+    """Read the ranks' results of a case the launcher ran (or did not) and judge it."""
+    case["timings"]["ranks_wall_s"] = event["wall_s"] if event else None
+    ranks = []
+    for rank in range(case["tp"]):
+        rf = Path(case["result_dir"], f"rank{rank}.json")
+        if rf.exists():
+            ranks.append(json.loads(rf.read_text()))
+        elif event and f"rank{rank}" in event["timed_out"]:
+            ranks.append({"rank": rank, "error": "timed out"})
+        else:
+            tail = log.read_text(errors="replace")[-3000:] if log.exists() else ""
+            ranks.append({"rank": rank, "error": "rank or launcher died without a result", "log_tail": tail})
+    for k in ("id", "hf", "shards", "result_dir"):
+        case.pop(k, None)
+    return {**case, "ranks": ranks, **_judge(ranks)}
+
+
+def _judge(ranks: list[dict[str, Any]]) -> dict[str, Any]:
+    """pass: our shards equal vLLM's HF-loaded state and load with sharded_state on every rank;
+    pass-vllm-hf-bug: the same, against the fixed-input reference, and vLLM's own HF loader is wrong here."""
+    problems = []
+    for r in ranks:
+        if "error" in r:
+            problems.append(f"rank {r['rank']}: {r['error']}")
+            continue
+        if not r["sharded_load"]["ok"]:
+            problems.append(f"rank {r['rank']}: sharded_state load: {r['sharded_load']['error'][:300]}")
+        n = len(r["file_mismatches"]) + len(r.get("sharded_state_mismatches", []))
+        if n:
+            keys = sorted({m["key"] for m in r["file_mismatches"] + r.get("sharded_state_mismatches", [])})
+            more = ", ..." if len(keys) > 3 else ""
+            problems.append(f"rank {r['rank']}: {len(keys)} keys differ ({', '.join(keys[:3])}{more})")
+    # vLLM's own HF-loader bugs, by the fix that avoids them: the evidence is vLLM's outcome without that fix (or,
+    # with one fix only, its genuine outcome): an error, or bytes that differ from the fixed load.
+    bugs: dict[str, list[str]] = {}
+    for r in ranks:
+        names = list(r.get("hf_fixes", {}))
+        alone = {names[0]: r["hf_load"]} if len(names) == 1 else r.get("hf_without_fix", {})
+        for name, o in alone.items():
+            if not o["ok"] or o.get("wrong_keys"):
+                bugs.setdefault(name, []).append(
+                    f"rank {r['rank']}: {o.get('error') or 'loads wrong bytes into ' + ', '.join(o['wrong_keys'])}"
+                )
+        if "hf_load" in r and not r["hf_load"]["ok"] and not names:
+            problems.append(f"rank {r['rank']}: vLLM's HF loader failed, no known vLLM bug: {r['hf_load']['error']}")
+    status = "fail" if problems else ("pass-vllm-hf-bug" if bugs else "pass")
+    return {"status": status, "problems": problems, "vllm_hf_loader_bugs": bugs}
+
+
+def required_extras(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The non-parameter entries of vLLM's rank state (what a sharded checkpoint needs beyond the weights)."""
+    seen: dict[str, dict[str, Any]] = {}
+    for c in cases:
+        for r in c.get("ranks", []):
+            for k, v in r.get("buffers", {}).items():
+                pattern = re.sub(r"layers\.layers\.\d+\.", "layers.layers.{i}.", k)
+                seen.setdefault(pattern, {"key": pattern, **v})
+    return sorted(seen.values(), key=lambda d: d["key"])
+
+
+def _line(c: dict[str, Any]) -> str:
+    head = f"{c['preset']:<9} tp={c['tp']} pp=1 {c.get('dtype', ''):<8} {c['status'].upper():<16}"
+    if c["status"] == "skipped":
+        return f"{head} {c['reason']}"
+    t = c.get("timings", {})
+    tail = f"convert {t.get('convert_s') or 0:.1f}s, vLLM ranks {t.get('ranks_wall_s') or 0:.1f}s"
+    if "error" in c:
+        return f"{head} {(c['error'].strip().splitlines() or ['?'])[-1][:300]} ({tail})"
+    detail = "; ".join(c.get("problems", [])[:2]) or "all keys bit-identical, sharded_state loads"
+    for name, evidence in c.get("vllm_hf_loader_bugs", {}).items():
+        detail += f" | vLLM bug {name} on {len(evidence)}/{c['tp']} ranks, e.g. {evidence[-1][:150]}"
+    return f"{head} {detail} ({tail})"
+
+
+def run_vllm(
+    a: argparse.Namespace, work: Path, todo: list[dict[str, Any]], timings: dict[str, Any]
+) -> Iterator[dict[str, Any]]:
+    """Start the launcher in the vLLM venv (this interpreter), yield each case judged as it finishes."""
+    plan = work / "plan.json"
+    plan.write_text(json.dumps({"case_timeout": a.case_timeout, "cases": todo}, indent=1))
+    log = work / "vllm.log"
+    with open(log, "w") as logf:
+        proc = subprocess.Popen(
+            [sys.executable, __file__, "--launcher", str(plan)],
+            stdout=subprocess.PIPE,
+            stderr=logf,
+            text=True,
+            env={**os.environ, **WORKER_ENV},
+            start_new_session=True,  # its own process group: a hang is ended with the ranks it forked, nothing else
+        )
+        budget = 300 + a.case_timeout * len(todo)
+        timer = threading.Timer(budget, lambda: os.killpg(proc.pid, signal.SIGKILL))
+        timer.start()
+        pending = {c["id"]: c for c in todo}
+        try:
+            assert proc.stdout is not None
+            for raw in proc.stdout:
+                with contextlib.suppress(ValueError):
+                    ev = json.loads(raw)
+                    if ev.get("event") == "ready":
+                        timings["vllm_import_s"] = ev["import_s"]
+                    elif ev.get("event") == "case" and ev["id"] in pending:
+                        yield collect(pending.pop(ev["id"]), ev, log)
+            proc.wait()
+        finally:
+            timer.cancel()
+    for c in pending.values():  # the launcher died (or was ended) before these ran
+        yield collect(c, None, log)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--plamo2-tools", default=os.environ.get("PLAMO2_TOOLS_CLI", "plamo2-tools"))
+    ap.add_argument("--presets", default=",".join(PRESETS))
+    ap.add_argument("--tp", default=",".join(map(str, TPS)), help="comma-separated TP sizes to try (PP is 1)")
+    ap.add_argument(
+        "--dtype",
+        default="auto",
+        help="convert --dtype, and the dtype vLLM builds the model in (auto: the checkpoint's dtype)",
+    )
+    ap.add_argument("--out", type=Path, help="result JSON (default: WORK/vllm_compat.json)")
+    ap.add_argument("--work", type=Path, help="work directory (default: a temporary one, removed unless --keep)")
+    ap.add_argument("--keep", action="store_true")
+    ap.add_argument("--case-timeout", type=float, default=600.0, help="seconds for all ranks of one case")
+    ap.add_argument(
+        "--inject-missing-scales",
+        action="store_true",
+        help="DEBUG: load a copy of the shards with vLLM's four attention scale buffers added",
+    )
+    ap.add_argument("--launcher", help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+    if a.launcher:
+        run_launcher(a.launcher)
+        return 0
+
+    work = a.work or Path(tempfile.mkdtemp(prefix="plamo2-vllm-compat-"))
+    work.mkdir(parents=True, exist_ok=True)
+    t_start = time.perf_counter()
+    cases: list[dict[str, Any]] = []
+    timings: dict[str, Any] = {}
+    try:
+        tps = [int(t) for t in a.tp.split(",")]
+        for preset in a.presets.split(","):
+            src = work / f"src-{preset}"
+            if not (src / "config.json").exists():
+                r = _cli(a.plamo2_tools, "synth", str(src), "--preset", preset)
+                if r.returncode != 0:
+                    cases.append({"preset": preset, "tp": None, "status": "fail", "error": r.stderr[-2000:]})
+                    print(f"{preset:<9} synth failed: {r.stderr.strip()[-300:]}", flush=True)
+                    continue
+            _, why = _valid_tps(a.plamo2_tools, src, tps)
+            for tp in tps:
+                if tp in why:
+                    c = {"preset": preset, "tp": tp, "pp": 1, "status": "skipped", "reason": why[tp]}
+                else:
+                    c = prepare_case(a, work, preset, src, tp)
+                cases.append(c)
+                if "status" in c:
+                    print(_line(c), flush=True)
+        timings["prepare_s"] = round(time.perf_counter() - t_start, 1)
+        todo = [c for c in cases if "status" not in c]
+        where = {c["id"]: i for i, c in enumerate(cases) if "status" not in c}
+        for c in run_vllm(a, work, todo, timings) if todo else ():
+            cases[where[f"{c['preset']}-tp{c['tp']}"]] = c
+            print(_line(c), flush=True)
+    finally:
+        for c in cases:  # interrupted before the launcher judged it
+            if "status" not in c:
+                c.update(status="fail", error="not run (interrupted)")
+        result = {
+            "kind": KIND,
+            "schema_version": VERSION,
+            "vllm_version": _pkg_version("vllm"),
+            "torch_version": _pkg_version("torch"),
+            "python": platform.python_version(),
+            "host": {"cpus": os.cpu_count(), "machine": platform.machine()},
+            "options": {k: getattr(a, k) for k in ("presets", "tp", "dtype", "inject_missing_scales")},
+            "wall_s": round(time.perf_counter() - t_start, 1),
+            "timings": timings,
+            "summary": {s: sum(c["status"] == s for c in cases) for s in STATUSES},
+            "vllm_required_extras": required_extras(cases),
+            "cases": cases,
+        }
+        out = a.out or work / "vllm_compat.json"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=1) + "\n")
+        print(f"{json.dumps(result['summary'])} in {result['wall_s']} s -> {out}", flush=True)
+        if not a.keep and a.work is None:
+            shutil.rmtree(work, ignore_errors=True)
+    return 1 if result["summary"]["fail"] else 0
+
+
+def _pkg_version(name: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return None
+
+
+if __name__ == "__main__":
+    sys.exit(main())

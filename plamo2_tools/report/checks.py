@@ -1,0 +1,64 @@
+"""Results of the compatibility and robustness scripts: vLLM 0.26's own loaders on our shards
+(bench/vllm_compat.py), the native tokenizer against PLaMo's original (bench/tokenizer.py), and
+convert killed at random points then resumed (bench/kill_resume.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .context import Context
+from .inputs import BENCH_TOKENIZER, KILL_RESUME, VLLM_COMPAT, Doc
+from .markdown import MISSING, code, num, table
+
+
+def render(docs: list[Doc], ctx: Context) -> list[str]:
+    lines = ["## Compatibility and robustness", ""]
+    for kind, title, make in ((VLLM_COMPAT, "vLLM 0.26 loads our shards", vllm_table),
+                              (BENCH_TOKENIZER, "Native tokenizer vs PLaMo's original", tokenizer_table),
+                              (KILL_RESUME, "convert killed and resumed", kill_table)):  # fmt: skip
+        chosen = [d for d in docs if d.kind == kind]
+        if chosen:
+            lines += [f"### {title}", "", *make(chosen), ""]
+    return lines
+
+
+def vllm_table(docs: list[Doc]) -> list[str]:
+    rows = []
+    for doc in docs:
+        d = doc.data
+        s: dict[str, Any] = d["summary"]
+        opts = d.get("options") or {}
+        rows.append([code(doc.name), num(d.get("vllm_version")), num(opts.get("dtype")), num(opts.get("presets")),
+                     num(opts.get("tp")), str(s.get("pass", 0) + s.get("pass-vllm-hf-bug", 0)),
+                     str(s.get("pass-vllm-hf-bug", 0)), str(s.get("fail", 0)), str(s.get("skipped", 0))])  # fmt: skip
+    headers = ["File", "vLLM", "dtype", "presets", "TP", "bit-identical", "of which vLLM's HF loader fails", "fail",
+               "not valid splits"]  # fmt: skip
+    return table(headers, rows, right=(5, 6, 7, 8))
+
+
+def tokenizer_table(docs: list[Doc]) -> list[str]:
+    rows = []
+    for doc in docs:
+        for name, s in doc.data["summary"].items():
+            if not isinstance(s, dict) or "ns_per_char" not in s:
+                continue
+            ns = s["ns_per_char"]
+            rows.append([code(doc.name), name, num(ns.get("original_call")), num(ns.get("native_call_warm")),
+                         num(s.get("call_speedup_warm")), num(ns.get("original_encoder")),
+                         num(ns.get("native_encoder_warm")), num(s.get("encoder_speedup_warm")),
+                         "yes" if s.get("identical_ids") else "NO"])  # fmt: skip
+    headers = ["File", "texts", "original call ns/char", "native call ns/char", "call speed-up",
+               "original encoder ns/char", "native encoder ns/char", "encoder speed-up", "same ids"]  # fmt: skip
+    return table(headers, rows, right=(2, 3, 4, 5, 6, 7))
+
+
+def kill_table(docs: list[Doc]) -> list[str]:
+    rows = []
+    for doc in docs:
+        d = doc.data
+        rows.append([code(doc.name), num(d.get("preset")), f"TP{num(d.get('tp'))}×PP{num(d.get('pp'))}",
+                     str(len(d["trials"])), num(d.get("interrupted_mid_way", MISSING)),
+                     "yes" if d["all_identical"] else "NO"])  # fmt: skip
+    return table(
+        ["File", "preset", "layout", "kills", "killed mid-way", "every resume byte-identical"], rows, right=(3, 4)
+    )

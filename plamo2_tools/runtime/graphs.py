@@ -1,0 +1,182 @@
+"""The decode step of one rank over a pool of sequence slots, eager or replayed from CUDA graphs.
+
+All inputs of a step live in static device buffers indexed by slot: the token to feed (`ids`), its
+position (`pos`), the sampling stream (`keys`) and how many tokens the slot has generated
+(`steps`).  A step runs the rank's stage over slots [0, B) for a bucket B >= the highest slot in
+use (powers of two up to the pool size), picks the next tokens on the device, and advances the
+buffers itself, so consecutive steps need nothing from the host.  Slots beyond the live ones
+compute garbage that nobody reads (their states are reloaded when a request is admitted; their
+position is clamped to the cache).
+
+With graphs, each (bucket, sampling) pair is captured once: the embedding (first stage), all layers
+with their TP collectives (NCCL all-reduce is capturable), the head and the token choice (last
+stage).  The PP hand-over and the broadcast of the chosen tokens stay outside, eager.  Graphs are
+used on CUDA when every collective is capturable: one rank per process (torchrun/NCCL) or a single
+rank; thread ranks (`LocalComm`) synchronise on the host and run eager.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from .comm import DistComm
+from .model import Batch
+from .sampling import select_tokens
+from .state import LayerState
+
+if TYPE_CHECKING:
+    from .engine import RankEngine
+
+Tensor = torch.Tensor
+Sampling = tuple[float, float]  # (temperature, top_p); (0, 1) is greedy
+
+
+def buckets(slots: int) -> list[int]:
+    """Decode batch sizes: powers of two below the pool size, and the pool size."""
+    out, b = [], 1
+    while b < slots:
+        out.append(b)
+        b *= 2
+    return [*out, slots]
+
+
+def graphs_possible(engine: RankEngine) -> bool:
+    """CUDA, and every collective of the step is a device operation (see module doc)."""
+    info = engine.comm.info
+    return engine.device.type == "cuda" and (info.world_size == 1 or isinstance(engine.comm, DistComm))
+
+
+class DecodeRunner:
+    """Static buffers, state pool and (optionally) captured graphs of one rank's decode step."""
+
+    def __init__(self, engine: RankEngine, slots: int, capacity: int, use_graphs: bool) -> None:
+        self.engine, self.slots, self.capacity = engine, slots, capacity
+        self.use_graphs = use_graphs and graphs_possible(engine)
+        dev, info = engine.device, engine.comm.info
+        self.states = engine._states(slots, capacity)
+        zeros = {"dtype": torch.long, "device": dev}
+        self.ids, self.pos = torch.zeros(slots, **zeros), torch.zeros(slots, **zeros)
+        self.keys, self.steps = torch.zeros(slots, **zeros), torch.zeros(slots, **zeros)
+        self.next = torch.zeros(slots, **zeros)
+        self.seq_index = torch.arange(slots, **zeros)
+        self.cu = torch.arange(slots + 1, dtype=torch.int32, device=dev)
+        self.has_state = torch.ones(slots, dtype=torch.bool, device=dev)
+        D, dtype = engine.cfg.hidden_size, engine.model.dtype
+        self.h_in = None if info.is_first_stage else torch.zeros(slots, D, dtype=dtype, device=dev)
+        self.r_in = None if info.is_first_stage else torch.zeros(slots, D, dtype=dtype, device=dev)
+        self.graphs: dict[tuple[int, Sampling], tuple[torch.cuda.CUDAGraph, tuple[Tensor, ...]]] = {}
+        self.pool = None
+
+    def bucket(self, n: int) -> int:
+        return next(b for b in buckets(self.slots) if b >= n)
+
+    def fits(self, slots: int, capacity: int) -> bool:
+        return self.slots >= slots and self.capacity >= capacity
+
+    # ---- the step ------------------------------------------------------------------------------
+    def _body(self, B: int, sampling: Sampling) -> tuple[Tensor, ...]:
+        """What a graph holds: the stage over slots [0, B), token choice, buffer updates."""
+        model, info = self.engine.model, self.engine.comm.info
+        batch = Batch(
+            input_ids=self.ids[:B],
+            positions=self.pos[:B],
+            seq_index=self.seq_index[:B],
+            cu_seqlens=self.cu[: B + 1],
+            kv_lens=(self.pos[:B] + 1).to(torch.int32),
+            has_state=self.has_state[:B],
+            decode=True,
+        )
+        states = {i: st.rows(0, B) for i, st in self.states.items()}
+        if info.is_first_stage:
+            h, residual = model.embed_tokens(batch.input_ids), None
+        else:
+            assert self.h_in is not None and self.r_in is not None
+            h, residual = self.h_in[:B], self.r_in[:B]
+        out = model.stage(batch, states, h, residual)
+        if info.is_last_stage:
+            self.next[:B].copy_(select_tokens(out[0], self.keys[:B], self.steps[:B], *sampling))
+        self.pos[:B].add_(1).clamp_(max=self.capacity - 1)  # dead slots must not write past the cache
+        self.steps[:B].add_(1)
+        if info.world_size == 1:
+            self.ids[:B].copy_(self.next[:B])
+        return out
+
+    def step(self, n: int, sampling: Sampling) -> tuple[Tensor, Tensor | None]:
+        """One decode step of slots [0, bucket(n)): (next ids (B,), the last stage's logits or None)."""
+        B = self.bucket(n)
+        comm, info = self.engine.comm, self.engine.comm.info
+        if not info.is_first_stage:
+            assert self.h_in is not None and self.r_in is not None
+            like = self.h_in[:B]
+            h, r = comm.recv_prev([like, like])
+            self.h_in[:B].copy_(h)
+            self.r_in[:B].copy_(r)
+        if self.use_graphs:
+            graph, out = self._graph(B, sampling)
+            graph.replay()
+        else:
+            out = self._body(B, sampling)
+        if not info.is_last_stage:
+            comm.send_next(list(out))
+        if info.world_size > 1:
+            nxt = comm.broadcast_from_last(self.next[:B])
+            if nxt.data_ptr() != self.next.data_ptr():
+                self.next[:B].copy_(nxt)
+            self.ids[:B].copy_(self.next[:B])
+        return self.next[:B], out[0] if info.is_last_stage else None
+
+    # ---- graphs --------------------------------------------------------------------------------
+    def prepare(self, sampling: Sampling, max_active: int) -> None:
+        """Capture every bucket up to `max_active` for this sampling setting.  Only call with no
+        live sequence: the warm-up runs write into the pool's rows."""
+        if not self.use_graphs:
+            return
+        todo = [b for b in buckets(self.slots) if b <= self.bucket(max_active) and (b, sampling) not in self.graphs]
+        for B in sorted(todo, reverse=True):  # largest first: the shared pool is sized by it
+            self._capture(B, sampling)
+        self.reset()
+
+    def _graph(self, B: int, sampling: Sampling) -> tuple[torch.cuda.CUDAGraph, tuple[Tensor, ...]]:
+        if (B, sampling) not in self.graphs:
+            raise RuntimeError(f"decode graph for batch {B} was not captured (prepare() first)")
+        return self.graphs[(B, sampling)]
+
+    def _capture(self, B: int, sampling: Sampling) -> None:
+        side = torch.cuda.Stream(device=self.engine.device)
+        side.wait_stream(torch.cuda.current_stream(self.engine.device))
+        with torch.cuda.stream(side):
+            for _ in range(2):  # compile Triton kernels, create cuBLAS handles and workspaces
+                self._body(B, sampling)
+        torch.cuda.current_stream(self.engine.device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            out = self._body(B, sampling)
+        self.pool = graph.pool()
+        self.graphs[(B, sampling)] = (graph, out)
+
+    def reset(self) -> None:
+        """Zero the step buffers (after warm-ups; positions must stay inside the cache)."""
+        for t in (self.ids, self.pos, self.keys, self.steps, self.next):
+            t.zero_()
+
+    # ---- slots ---------------------------------------------------------------------------------
+    def admit(
+        self, slots: list[int], states: dict[int, LayerState], first: Tensor, lengths: list[int], keys: list[int]
+    ) -> None:
+        """Requests enter `slots`: their prefilled states, first token, position and stream."""
+        dev = self.engine.device
+        idx = torch.tensor(slots, dtype=torch.long, device=dev)
+        for i, st in self.states.items():
+            st.load(idx, states[i])
+        self.ids[idx] = first
+        self.pos[idx] = torch.tensor(lengths, dtype=torch.long, device=dev)
+        self.steps[idx] = 1  # the first token was step 0
+        self.keys[idx] = torch.tensor(keys, dtype=torch.long, device=dev)
+
+    def move(self, src: int, dst: int) -> None:
+        for st in self.states.values():
+            st.move(src, dst)
+        for t in (self.ids, self.pos, self.keys, self.steps, self.next):
+            t[dst] = t[src]

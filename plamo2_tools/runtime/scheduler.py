@@ -1,0 +1,228 @@
+"""Host-side bookkeeping of continuous batching: which request sits in which decode slot, which
+tokens belong to whom, and when a request is finished.  No tensors are computed here.
+
+The device runs ahead of the host.  Every decode step (and every prefill's first token) leaves a
+`Record`: the step's token ids being copied asynchronously to host memory, an event that marks the
+copy done, and a snapshot of which request each row belonged to.  The host drains records in order
+*at fixed step counts* (`drain_until`), so every rank of an SPMD run sees the same tokens at the
+same step and takes the same decisions, and no step waits for the device unless the host is more
+than `lag` steps ahead.
+
+Finishing:
+* by length: known on the host when the step is issued, so the slot is freed (and can be refilled)
+  at once, without looking at any token;
+* by an EOS id or a stop string: found when the record is drained, up to `lag` steps late.  The
+  slot kept computing for the request in between; those tokens are simply dropped, so the result
+  is exactly that of checking after every token (the first EOS is kept, a stop string is checked
+  at every prefix through `first_stop`).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+
+Tensor = torch.Tensor
+StopFn = Callable[[int, list[int]], bool]
+OnToken = Callable[[int, int], None]
+
+
+class ChunkStop(Protocol):
+    """A stop callback that can also check many new tokens at once (see `first_stop`)."""
+
+    def __call__(self, i: int, tokens: list[int]) -> bool: ...
+
+    def first_hit(self, i: int, tokens: list[int], checked: int) -> int | None: ...
+
+
+def first_stop(stop: StopFn, i: int, tokens: list[int], checked: int) -> int | None:
+    """The smallest n in (checked, len(tokens)] with stop(i, tokens[:n]), or None.
+
+    Callbacks with a `first_hit` method answer for the whole span at once (one decode of a tail);
+    plain ones are asked once per new token, exactly as a token-by-token loop would.
+    """
+    if checked >= len(tokens):
+        return None
+    fast = getattr(stop, "first_hit", None)
+    if fast is not None:
+        return fast(i, tokens, checked)
+    return next((n for n in range(checked + 1, len(tokens) + 1) if stop(i, tokens[:n])), None)
+
+
+@dataclass
+class Request:
+    index: int  # position in the caller's list (results come back in this order)
+    prompt: list[int]
+    max_new: int
+    key: int  # sampling stream (see sampling.request_key)
+    tokens: list[int] = field(default_factory=list)
+    logits: list[Tensor] = field(default_factory=list)
+    issued: int = 0  # tokens the device was asked to produce
+    slot: int | None = None
+    live: bool = False  # prefilled and loaded into its slot
+    closed: bool = False  # the final tokens are known
+    checked: int = 0  # tokens already tested against the stop callback
+
+    @property
+    def issuing(self) -> bool:
+        return self.live and self.slot is not None and self.issued < self.max_new and not self.closed
+
+
+@dataclass
+class Record:
+    """One device step's token ids on their way to the host."""
+
+    number: int
+    tokens: Tensor  # (rows,) int64, host memory (pinned on CUDA)
+    event: Any  # torch.cuda.Event, or None when the copy was synchronous
+    owners: list[int | None]  # request index of each row, None for rows nobody reads
+    logits: Tensor | None = None  # (rows, V) float32 on the CPU, when asked for
+
+
+class Scheduler:
+    """Requests, slots and records of one `generate` call (the same on every rank)."""
+
+    def __init__(
+        self,
+        requests: list[Request],
+        slots: int,
+        eos: Sequence[int],
+        stop: StopFn | None,
+        on_token: OnToken | None = None,
+    ) -> None:
+        self.requests = requests
+        self.pending = deque(r.index for r in requests if r.max_new > 0)
+        for r in requests:
+            r.closed = r.max_new <= 0
+        self.slot_owner: list[int | None] = [None] * slots
+        self.eos, self.stop, self.on_token = set(eos), stop, on_token
+        self.records: deque[Record] = deque()
+        self.steps = 0  # records made so far (their numbers)
+
+    # ---- state -------------------------------------------------------------------------------
+    @property
+    def done(self) -> bool:
+        return all(r.closed for r in self.requests)
+
+    def free_slots(self) -> list[int]:
+        return [s for s, owner in enumerate(self.slot_owner) if owner is None]
+
+    def active(self) -> list[Request]:
+        """Requests whose slot still issues tokens, in slot order."""
+        reqs = [self.requests[o] for o in self.slot_owner if o is not None]
+        return [r for r in reqs if r.issuing]
+
+    def high_water(self) -> int:
+        """1 + the highest slot in use (the decode batch must cover it)."""
+        used = [s for s, owner in enumerate(self.slot_owner) if owner is not None]
+        return used[-1] + 1 if used else 0
+
+    def can_admit(self) -> bool:
+        return bool(self.pending) and None in self.slot_owner
+
+    # ---- admission -----------------------------------------------------------------------------
+    def admit(self, token_budget: int | None) -> list[Request]:
+        """Next requests for the free slots (lowest first), at most `token_budget` prompt tokens
+        together (always at least one request)."""
+        group: list[Request] = []
+        total = 0
+        for slot in self.free_slots():
+            if not self.pending:
+                break
+            req = self.requests[self.pending[0]]
+            if group and token_budget is not None and total + len(req.prompt) > token_budget:
+                break
+            self.pending.popleft()
+            req.slot = slot
+            self.slot_owner[slot] = req.index
+            total += len(req.prompt)
+            group.append(req)
+        return group
+
+    def issue(self, reqs: Sequence[Request]) -> None:
+        """One more token was asked of each request; a request that reached its limit gives its
+        slot back now (its tokens are still on their way)."""
+        for r in reqs:
+            r.issued += 1
+            if r.issued >= r.max_new:
+                self._release(r)
+
+    def burst(self, k: int) -> int:
+        """How many decode steps to run before looking again: at most k, no more than any live
+        request still needs, and, when requests are waiting, no more than until the first slot is
+        freed by length (so that it is refilled at once)."""
+        left = [r.max_new - r.issued for r in self.active()]
+        if not left:
+            return 0
+        return max(1, min(k, min(left) if self.pending else max(left)))
+
+    def move(self, src: int, dst: int) -> None:
+        owner = self.slot_owner[src]
+        assert owner is not None and self.slot_owner[dst] is None
+        self.slot_owner[dst], self.slot_owner[src] = owner, None
+        self.requests[owner].slot = dst
+
+    def _release(self, r: Request) -> None:
+        if r.slot is not None and self.slot_owner[r.slot] == r.index:
+            self.slot_owner[r.slot] = None
+        r.slot = None
+
+    # ---- records -------------------------------------------------------------------------------
+    def record(self, tokens: Tensor, event: Any, owners: list[int | None], logits: Tensor | None = None) -> None:
+        self.records.append(Record(self.steps, tokens, event, owners, logits))
+        self.steps += 1
+
+    def drain_until(self, number: int) -> None:
+        """Take in every record numbered <= `number` (waiting for its copy if need be), then check
+        the stop callback on the new tokens."""
+        touched: dict[int, int] = {}  # request -> tokens it had before (for on_token)
+        while self.records and self.records[0].number <= number:
+            rec = self.records.popleft()
+            if rec.event is not None:
+                rec.event.synchronize()
+            values = rec.tokens.tolist()
+            for row, owner in enumerate(rec.owners):
+                if owner is None:
+                    continue
+                r = self.requests[owner]
+                if r.closed:
+                    continue
+                touched.setdefault(owner, len(r.tokens))
+                self._accept(r, values[row], None if rec.logits is None else rec.logits[row])
+        for owner, before in touched.items():
+            r = self.requests[owner]
+            self._check_stop(r)
+            if self.on_token is not None:
+                for t in r.tokens[before:]:
+                    self.on_token(r.index, t)
+
+    def drain_all(self) -> None:
+        self.drain_until(self.steps)
+
+    def _accept(self, r: Request, token: int, logits: Tensor | None) -> None:
+        r.tokens.append(token)
+        if logits is not None:
+            r.logits.append(logits)
+        if token in self.eos or len(r.tokens) >= r.max_new:
+            self._close(r, len(r.tokens))
+
+    def _check_stop(self, r: Request) -> None:
+        if self.stop is None:
+            return
+        # A request closed by EOS or length still has its last tokens checked: the original loop
+        # asked the stop callback about every token it kept.
+        hit = first_stop(self.stop, r.index, r.tokens, r.checked)
+        r.checked = len(r.tokens)
+        if hit is not None:
+            self._close(r, hit)
+
+    def _close(self, r: Request, keep: int) -> None:
+        del r.tokens[keep:]
+        del r.logits[keep:]
+        r.checked = min(r.checked, keep)
+        r.closed = True
+        self._release(r)

@@ -1,0 +1,171 @@
+"""Who is writing a directory.
+
+`convert` and `merge` hold an exclusive `flock` on `OUT/.plamo2.lock` for their whole run; the file
+names the holder (pid, host, command, start time) so that a refused second writer, or a reader of
+the half-written directory, can say who it is.  The kernel drops a flock when its process ends,
+however it ends, so a lock left behind by `kill -9` (or a power cut) is free: the next writer
+takes it over and says whose it was.  On NFS, Linux maps flock to POSIX locks, which the server
+arbitrates across hosts.
+
+Readers (`load_manifest`, the HF sources of convert and verify, inspect) call
+`ensure_not_being_written`: it tries a shared lock without waiting, so it refuses exactly while a
+writer is running, and ignores a leftover lock file.  It needs no write access to the directory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import errno
+import fcntl
+import json
+import logging
+import os
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import EnvironmentLimitError, OutputBusyError
+
+LOCK_NAME = ".plamo2.lock"
+log = logging.getLogger("plamo2_tools.lock")
+
+
+@dataclass(frozen=True)
+class Holder:
+    """What a lock file says about the process that holds (or held) it."""
+
+    pid: int | None
+    host: str | None
+    command: str | None
+    started: str | None
+
+    def describe(self) -> str:
+        if self.pid is None:
+            return "another process (it has not recorded itself yet)"
+        since = f", since {self.started}" if self.started else ""
+        return f"`plamo2-tools {self.command}` (pid {self.pid} on {self.host}{since})"
+
+
+def _read_holder(fd: int) -> Holder | None:
+    """The holder recorded in an open lock file; None when the file is empty."""
+    try:
+        raw = os.pread(fd, 4096, 0)
+    except OSError:
+        return None
+    if not raw.strip():
+        return None
+    try:
+        data = json.loads(raw)
+        return Holder(int(data["pid"]), str(data["host"]), str(data.get("command")), data.get("started"))
+    except (ValueError, KeyError, TypeError):
+        return Holder(None, None, None, None)
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return False
+    mine = os.fstat(fd)
+    return (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino)
+
+
+class OutputLock:
+    """An exclusive lock on a directory for one writer.  Use as a context manager, or `release()`."""
+
+    def __init__(self, directory: str | Path, command: str) -> None:
+        self.directory = Path(directory)
+        self.path = self.directory / LOCK_NAME
+        self.command = command
+        self.taken_over: Holder | None = None  # the dead writer whose lock this one replaced
+        self.fd = self._acquire()
+
+    def _acquire(self) -> int:
+        while True:
+            fd = self._open()
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = _read_holder(fd) or Holder(None, None, None, None)
+                os.close(fd)
+                raise OutputBusyError(
+                    f"{self.directory} is being written by {holder.describe()}; wait for it to finish or stop it"
+                ) from None
+            except OSError as e:
+                os.close(fd)
+                raise EnvironmentLimitError(
+                    f"{self.path}: cannot take the output lock ({e.strerror or e}): this file system has no file locks"
+                ) from None
+            # A writer that has just finished unlinks the file it locked; having locked that orphan,
+            # we would not exclude a third writer that creates a new one.  Try again on the new file.
+            if _same_file(fd, self.path):
+                break
+            os.close(fd)
+        self.taken_over = _read_holder(fd)
+        if self.taken_over is not None:
+            who = self.taken_over.describe() if self.taken_over.pid is not None else "an unknown writer"
+            log.warning("%s: taking over the lock left by %s, which is no longer running", self.directory, who)
+        self._record(fd)
+        return fd
+
+    def _open(self) -> int:
+        try:
+            return os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as e:
+            what = "read-only file system" if e.errno == errno.EROFS else (e.strerror or str(e))
+            raise EnvironmentLimitError(f"{self.directory}: cannot write there ({what})") from None
+
+    def _record(self, fd: int) -> None:
+        started = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
+        me = {"pid": os.getpid(), "host": socket.gethostname(), "command": self.command, "started": started}
+        data = (json.dumps(me) + "\n").encode()
+        try:
+            if os.fstat(fd).st_size:  # a dead writer's record
+                os.ftruncate(fd, 0)
+            os.pwrite(fd, data, 0)
+        except OSError as e:
+            os.close(fd)
+            raise EnvironmentLimitError(f"{self.path}: {e.strerror or e}") from None
+
+    def release(self) -> None:
+        """Unlink the file while still holding it (so nobody mistakes it for a dead writer's), then
+        let go.  Idempotent."""
+        if self.fd < 0:
+            return
+        # Failures here cost nothing: the lock goes with the descriptor, and a leftover file is
+        # taken over by the next writer.
+        with contextlib.suppress(OSError):
+            os.ftruncate(self.fd, 0)
+        with contextlib.suppress(OSError):
+            self.path.unlink(missing_ok=True)
+        os.close(self.fd)
+        self.fd = -1
+
+    def __enter__(self) -> OutputLock:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def ensure_not_being_written(directory: str | Path) -> None:
+    """Refuse (exit 3, naming the writer) while convert or merge is writing `directory`."""
+    directory = Path(directory)
+    try:
+        fd = os.open(directory / LOCK_NAME, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:  # no lock file (the usual case), or one we cannot read: nothing to go on
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _read_holder(fd) or Holder(None, None, None, None)
+            raise OutputBusyError(
+                f"{directory} is still being written by {holder.describe()}; wait for it to finish"
+            ) from None
+        except OSError:
+            return
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)

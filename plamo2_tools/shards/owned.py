@@ -1,0 +1,70 @@
+"""Which files in a shard directory convert wrote, by its own record (the rule of
+`plamo2_tools.outputs` for the shard format): the manifest of a finished conversion (`files`,
+`copied_files`) and the journal of an unfinished one, whose first line lists every file that run
+writes (`writes`) and whose later lines name the finished ones."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ..errors import CheckpointError
+from ..outputs import ensure_complete
+from .lock import ensure_not_being_written
+from .manifest import JOURNAL_NAME, MANIFEST_NAME
+
+
+def _journal(directory: Path) -> list[dict]:
+    try:
+        lines = (directory / JOURNAL_NAME).read_text().splitlines()
+    except OSError:
+        return []
+    rows = []
+    for line in lines:
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:  # a line cut short by a kill
+            continue
+        if isinstance(row, dict):
+            rows.append(row)
+    return rows
+
+
+def convert_outputs(out: Path) -> set[str]:
+    """Every file an earlier convert into `out` says it wrote (or was about to write)."""
+    names: set[str] = set()
+    try:
+        manifest = json.loads((out / MANIFEST_NAME).read_text())
+    except (OSError, ValueError):
+        manifest = None
+    if isinstance(manifest, dict):
+        names.update(manifest.get("files") or {})
+        names.update(manifest.get("copied_files") or [])
+    rows = _journal(out)
+    if rows:
+        names.update(rows[0].get("writes") or [])
+        names.update(str(r["file"]) for r in rows[1:] if "file" in r)
+    return names
+
+
+def unfinished_conversion(directory: Path) -> str | None:
+    """A one-line description of an interrupted conversion in `directory` (journal, no manifest)."""
+    rows = _journal(directory)
+    if (directory / MANIFEST_NAME).exists() or not rows:
+        return None
+    planned = [n for n in rows[0].get("writes") or [] if n.endswith(".safetensors")]
+    done = {str(r["file"]) for r in rows[1:] if "file" in r}
+    count = f"{len(done)} of {len(planned)}" if planned else f"{len(done)}"
+    return (f"{directory}: an unfinished conversion ({count} shard files finished, no {MANIFEST_NAME} yet): "
+            "run the same convert again to resume it")  # fmt: skip
+
+
+def ensure_readable_checkpoint(directory: str | Path) -> None:
+    """What every reader of an HF checkpoint directory checks first: no writer of ours is at work
+    there (exit 3), and none stopped half way (exit 2: an unfinished merge, synth or conversion)."""
+    directory = Path(directory)
+    ensure_not_being_written(directory)
+    ensure_complete(directory)
+    unfinished = unfinished_conversion(directory)
+    if unfinished:
+        raise CheckpointError(unfinished)

@@ -1,0 +1,28 @@
+"""PLaMo's own tokenizer, natively: ``tokenizer.jsonl`` read and run exactly as PLaMo does,
+without remote code or numba (docs/tokenizer.md).
+
+Names are imported on first use, so ``write_synthetic_tokenizer`` (used by synth) does not pull in
+transformers.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_HOMES = {
+    "PlamoEncoder": ".encoder",
+    "PlamoTokenizerNative": ".hf",
+    "has_plamo_vocab": ".loader",
+    "load_native": ".loader",
+    "load_tokenizer": ".loader",
+    "synthetic_rows": ".synthetic",
+    "write_synthetic_tokenizer": ".synthetic",
+}
+__all__ = sorted(_HOMES)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(_HOMES[name], __name__), name)

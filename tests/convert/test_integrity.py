@@ -1,0 +1,303 @@
+"""Format version 2's digests (issue 13) and version 1 still read and checked.
+
+The digests are recomputed here from the file bytes with hashlib/xxhash and our own header
+parsing, by the rules docs/shard-format.md states, never with plamo2_tools' digest code.  Version
+1 is the directory in fixtures/, written by the version-1 converter itself (fixtures/README.md).
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import shutil
+import struct
+from pathlib import Path
+
+import pytest
+import xxhash
+from convert_expect import flip_byte
+
+from plamo2_tools.convert import engine
+from plamo2_tools.errors import CheckpointError
+from plamo2_tools.shards.manifest import JOURNAL_NAME, MANIFEST_NAME, load_manifest
+
+V1 = Path(__file__).parent / "fixtures" / "v1-tiny-edge-tp2pp2"
+
+
+def independent_digests(path: Path, version: int, v2_hash=xxhash.xxh3_128) -> tuple[str, dict[str, str]]:
+    """(file digest, {tensor: digest}) as docs/shard-format.md defines them for `version`."""
+    data = path.read_bytes()
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8 : 8 + n])
+    header.pop("__metadata__", None)
+    start = 8 + n
+    ranges = sorted((start + e["data_offsets"][0], start + e["data_offsets"][1], k) for k, e in header.items())
+    if version == 1:
+        return hashlib.sha256(data).hexdigest(), {k: hashlib.sha256(data[a:b]).hexdigest() for a, b, k in ranges}
+    whole = v2_hash(data[:start])
+    tensors = {}
+    for a, b, k in ranges:
+        tensors[k] = v2_hash(data[a:b]).hexdigest()
+        whole.update(v2_hash(data[a:b]).digest())
+    return whole.hexdigest(), tensors
+
+
+def _same_files(a: Path, b: Path) -> None:
+    names = sorted(p.name for p in a.glob("model-rank-*"))
+    assert names and names == sorted(p.name for p in b.glob("model-rank-*"))
+    for name in names:
+        assert (a / name).read_bytes() == (b / name).read_bytes(), name
+
+
+@pytest.fixture(params=[1, 2], ids=["v1", "v2"])
+def shards(request: pytest.FixtureRequest, cli, make_checkpoint, tmp_path: Path) -> Path:
+    """tiny-edge at tp 2 x pp 2 in either format version (same layout: ranks 0/1 and 2/3 have
+    files of equal size, so a swap keeps every size right)."""
+    out = tmp_path / "shards"
+    if request.param == 1:
+        shutil.copytree(V1, out)
+    else:
+        cli("convert", make_checkpoint("tiny-edge"), out, "--tp", 2, "--pp", 2, "--json")
+    assert json.loads((out / MANIFEST_NAME).read_text())["format_version"] == request.param
+    return out
+
+
+def _failed(cli, path: Path) -> dict[str, list[str]]:
+    report = json.loads(cli("check", path, "--json", expect=1).stdout)
+    return {name: found for name, found in report["checks"].items() if found}
+
+
+# ---- what convert records -----------------------------------------------------------------------
+def test_streamed_digests_equal_digests_of_finished_files(cli, make_checkpoint, tmp_path: Path) -> None:
+    """Every digest in the manifest (files, tensors, input files), computed while copying, equals
+    the digest of the finished file's bytes; several parts, padding, gathers, constants."""
+    src = make_checkpoint("tiny-gqa")
+    out = tmp_path / "out"
+    result = json.loads(cli("convert", src, out, "--tp", 2, "--pp", 2, "--max-part-size", "200kB", "--json").stdout)
+    assert all(result["copy"]["bytes"][k] > 0 for k in ("copy_file_range", "gather", "compute", "zeros"))
+    m = json.loads((out / MANIFEST_NAME).read_text())
+    assert (m["format_version"], m["hash"]) == (2, "xxh3-128")
+    assert len(m["files"]) > 4
+    for name, rec in m["files"].items():
+        whole, tensors = independent_digests(out / name, 2)
+        assert rec["digest"] == whole, name
+        recorded = {k: t["digest"] for k, t in m["tensors"][str(rec["rank"])].items() if t["file"] == name}
+        assert recorded == tensors, name
+    assert m["source"]["files"] == {
+        "model.safetensors": {
+            "size": (src / "model.safetensors").stat().st_size,
+            "digest": independent_digests(src / "model.safetensors", 2)[0],
+        }
+    }
+
+
+@pytest.mark.parametrize("mode", ["copy_file_range", "sendfile", "user"])
+def test_every_copy_path_writes_the_same_bytes(cli, make_checkpoint, tmp_path: Path, mode: str) -> None:
+    """Kernel-side and user-space copies, each forced, give byte-identical files and manifests
+    (the JSON says the forced path really carried the verbatim bytes)."""
+    src = make_checkpoint("tiny-gqa")
+    cli("convert", src, tmp_path / "auto", "--tp", 2, "--pp", 2, "--json")
+    r = json.loads(cli("convert", src, tmp_path / mode, "--tp", 2, "--pp", 2, "--copy", mode, "--json").stdout)
+    used = {k for k in ("copy_file_range", "sendfile", "user") if r["copy"]["bytes"][k]}
+    assert used == {mode}
+    _same_files(tmp_path / "auto", tmp_path / mode)
+    a, b = (json.loads((tmp_path / d / MANIFEST_NAME).read_text()) for d in ("auto", mode))
+    assert (a["files"], a["tensors"]) == (b["files"], b["tensors"])
+
+
+def test_refused_kernel_copies_fall_back(cli, make_checkpoint, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """copy_file_range refused (EXDEV: source and output on different filesystems) -> sendfile;
+    sendfile refused too -> user space; a forced path that is refused stops with one line."""
+    src = make_checkpoint("tiny-gqa")
+    cli("convert", src, tmp_path / "reference", "--tp", 2, "--json")
+
+    def refuse(*args: object) -> int:
+        raise OSError(errno.EXDEV, os.strerror(errno.EXDEV))
+
+    monkeypatch.setattr(os, "copy_file_range", refuse)
+    r = json.loads(cli("convert", src, tmp_path / "sendfile", "--tp", 2, "--json").stdout)
+    assert r["copy"]["bytes"]["copy_file_range"] == 0 and r["copy"]["bytes"]["sendfile"] > 0
+    monkeypatch.setattr(os, "sendfile", refuse)
+    r = json.loads(cli("convert", src, tmp_path / "user", "--tp", 2, "--json").stdout)
+    assert r["copy"]["bytes"]["sendfile"] == 0 and r["copy"]["bytes"]["user"] > 0
+    for d in ("sendfile", "user"):
+        _same_files(tmp_path / "reference", tmp_path / d)
+    r = cli("convert", src, tmp_path / "forced", "--tp", 2, "--copy", "copy_file_range", expect=3)
+    assert "--copy copy_file_range is refused here" in r.stderr
+    assert not (tmp_path / "forced" / MANIFEST_NAME).exists()
+
+
+def test_resume_reverifies_finished_files(cli, medium_checkpoint: Path, tmp_path: Path,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """Interrupted after some files were journaled; one of them is then damaged without changing
+    its size.  The rerun hashes every journaled file again: the damaged one is rewritten, the
+    others kept, and the result equals an uninterrupted conversion."""
+    split = ("--tp", 2, "--pp", 2, "--max-part-size", "1MB")
+    cli("convert", medium_checkpoint, tmp_path / "reference", *split, "--json")
+    real, calls = engine._stream_unit, [0]
+
+    def stream_unit(*args, **kwargs):
+        calls[0] += 1
+        if calls[0] == 6:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(engine, "_stream_unit", stream_unit)
+    out = tmp_path / "out"
+    cli("convert", medium_checkpoint, out, *split, expect=130)
+    monkeypatch.setattr(engine, "_stream_unit", real)
+    journaled = [json.loads(line) for line in (out / JOURNAL_NAME).read_text().splitlines()[1:]]
+    assert len(journaled) >= 4
+    for rec in journaled:  # the journal holds version 2 digests of the finished files
+        assert rec["digest"] == independent_digests(out / rec["file"], 2)[0]
+    damaged = journaled[1]["file"]
+    flip_byte(out / damaged, -7)
+    result = json.loads(cli("convert", medium_checkpoint, out, *split, "--json").stdout)
+    assert result["status"] == "resumed"
+    assert damaged not in result["files_reused"]
+    assert {r["file"] for r in journaled} - {damaged} <= set(result["files_reused"])
+    _same_files(out, tmp_path / "reference")
+    cli("check", out, "--json")
+
+
+# ---- check under both versions -------------------------------------------------------------------
+def test_good_directory_passes(cli, shards: Path) -> None:
+    assert json.loads(cli("check", shards, "--json").stdout)["ok"] is True
+
+
+def test_flipped_byte_in_a_tensor(cli, shards: Path) -> None:
+    m = load_manifest(shards)
+    name = "model-rank-1-part-0.safetensors"
+    data = (shards / name).read_bytes()
+    flip_byte(shards / name, len(data) - 3)  # inside the file's last tensor
+    failed = _failed(cli, shards)
+    assert set(failed) == {"files", "tensors"}
+    assert failed["files"] == [f"{name}: {m.hash} digest differs from the manifest"]
+    assert len(failed["tensors"]) == 1 and failed["tensors"][0].startswith("rank 1: ")
+
+
+def test_flipped_byte_in_a_header(cli, shards: Path) -> None:
+    """The header is covered too: a changed writer version (which no other check looks at) keeps
+    the file valid, its tensors intact, and still fails the file digest."""
+    name = "model-rank-2-part-0.safetensors"
+    data = bytearray((shards / name).read_bytes())
+    at = data.index(b'"plamo2_tools_version":"') + len(b'"plamo2_tools_version":"')
+    data[at] = ord("7") if data[at] != ord("7") else ord("8")
+    (shards / name).write_bytes(bytes(data))
+    failed = _failed(cli, shards)
+    assert set(failed) == {"files"} and failed["files"][0].startswith(name)
+
+
+def test_truncated_file(cli, shards: Path) -> None:
+    name = "model-rank-3-part-0.safetensors"
+    with open(shards / name, "r+b") as f:
+        f.truncate((shards / name).stat().st_size - 100)
+    failed = _failed(cli, shards)
+    assert any(p.startswith(f"{name}: size") for p in failed["files"])
+
+
+def test_swapped_files(cli, shards: Path) -> None:
+    """Two ranks' files of the same size swapped: both digests differ, and the headers say whose
+    they are."""
+    a, b = (shards / f"model-rank-{r}-part-0.safetensors" for r in (0, 1))
+    assert a.stat().st_size == b.stat().st_size
+    tmp = shards / "swap"
+    a.rename(tmp)
+    b.rename(a)
+    tmp.rename(b)
+    failed = _failed(cli, shards)
+    assert sorted(p.split(":")[0] for p in failed["files"]) == [a.name, b.name]
+    assert "headers" in failed
+
+
+# ---- version 1 -----------------------------------------------------------------------------------
+def test_version_1_is_read_as_written(tmp_path: Path) -> None:
+    m = load_manifest(V1)
+    assert (m.version, m.hash) == (1, "sha256")
+    for name in m.files:
+        whole, tensors = independent_digests(V1 / name, 1)
+        assert m.file_digest(name) == whole
+        rank = m.files[name]["rank"]
+        assert {k: e.digest for k, e in m.entries[rank].items() if e.file == name} == tensors
+        assert m.digests_of(V1 / name) == (whole, tensors)
+
+
+def test_version_1_reshards_and_merges(cli, tmp_path: Path) -> None:
+    """A version-1 directory as a source: verified by its SHA-256, recorded by version 2's digest."""
+    out = tmp_path / "tp1"
+    cli("convert", V1, out, "--tp", 1, "--pp", 1, "--json")
+    m = json.loads((out / MANIFEST_NAME).read_text())
+    assert m["format_version"] == 2 and m["source"]["kind"] == "shards"
+    assert m["source"]["files"] == {
+        name: {"size": (V1 / name).stat().st_size, "digest": independent_digests(V1 / name, 2)[0]}
+        for name in load_manifest(V1).files
+    }
+    cli("check", out, "--json")
+    cli("merge", V1, tmp_path / "merged", "--json")
+    damaged = tmp_path / "damaged"
+    shutil.copytree(V1, damaged)
+    flip_byte(damaged / "model-rank-0-part-0.safetensors", -5)
+    r = cli("convert", damaged, tmp_path / "never", "--tp", 1, expect=2)
+    assert "size or sha256 digest differs from the manifest" in " ".join(r.stderr.split())
+
+
+@pytest.mark.parametrize(
+    ("edit", "says"),
+    [
+        ({"format_version": 3}, "format_version 3 is not supported"),
+        ({"hash": "md5"}, "unknown hash algorithm 'md5'"),
+    ],
+)
+def test_unknown_version_or_hash_is_refused(cli, make_checkpoint, tmp_path: Path, edit: dict, says: str) -> None:
+    out = tmp_path / "out"
+    cli("convert", make_checkpoint("tiny"), out, "--json")
+    manifest = json.loads((out / MANIFEST_NAME).read_text())
+    (out / MANIFEST_NAME).write_text(json.dumps({**manifest, **edit}))
+    with pytest.raises(CheckpointError, match=says):
+        load_manifest(out)
+    r = cli("check", out, expect=2)
+    assert says in r.stderr
+
+
+def test_version_2_with_sha256_named_is_checked_by_it(cli, make_checkpoint, tmp_path: Path) -> None:
+    """The algorithm is whatever `hash` names: the same directory with every digest rewritten in
+    SHA-256 (by version 2's rules) passes `check`, and a flipped byte still fails it."""
+    out = tmp_path / "out"
+    cli("convert", make_checkpoint("tiny-gqa"), out, "--tp", 2, "--json")
+    m = json.loads((out / MANIFEST_NAME).read_text())
+    m["hash"] = "sha256"
+    for name, rec in m["files"].items():
+        whole, tensors = independent_digests(out / name, 2, hashlib.sha256)
+        rec["digest"] = whole
+        for key, digest in tensors.items():
+            m["tensors"][str(rec["rank"])][key]["digest"] = digest
+    (out / MANIFEST_NAME).write_text(json.dumps(m))
+    assert load_manifest(out).hash == "sha256"
+    assert json.loads(cli("check", out, "--json").stdout)["ok"] is True
+    flip_byte(out / "model-rank-0-part-0.safetensors", -3)
+    assert _failed(cli, out)["files"] == ["model-rank-0-part-0.safetensors: sha256 digest differs from the manifest"]
+
+
+def test_a_failing_job_stops_the_run_cleanly(cli, medium_checkpoint: Path, tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """The disk fills up under one job while others run: one error line (exit 3), every job stopped
+    before the unfinished files are removed, no manifest; the finished files resume."""
+    real, calls = os.copy_file_range, [0]
+
+    def fill_up(*args: int) -> int:
+        calls[0] += 1
+        if calls[0] == 40:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real(*args)
+
+    monkeypatch.setattr(os, "copy_file_range", fill_up)
+    out = tmp_path / "out"
+    split = ("--tp", 2, "--pp", 2, "--max-part-size", "1MB")
+    r = cli("convert", medium_checkpoint, out, *split, "--workers", 8, expect=3)
+    assert "no space left on device" in r.stderr
+    assert not (out / MANIFEST_NAME).exists() and not list(out.glob("*.partial"))
+    monkeypatch.setattr(os, "copy_file_range", real)
+    assert json.loads(cli("convert", medium_checkpoint, out, *split, "--json").stdout)["status"] == "resumed"
+    cli("check", out, "--json")

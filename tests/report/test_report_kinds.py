@@ -1,0 +1,146 @@
+"""The report recognises our files by their "kind" and "schema_version" only: what every writer
+writes is read, a key set that merely looks like ours is not, an unknown version is skipped with a
+note; and every committed result under reports/ is recognised."""
+
+from __future__ import annotations
+
+import ast
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from plamo2_tools.convert.engine import CONVERT_KIND, CONVERT_SCHEMA_VERSION
+from plamo2_tools.eval.harness import EVAL_KIND, EVAL_SCHEMA_VERSION
+from plamo2_tools.inspect import INSPECT_KIND, INSPECT_SCHEMA_VERSION
+from plamo2_tools.report import build_report
+from plamo2_tools.report.inputs import (
+    BENCH_CONVERT_KIND,
+    BENCH_KERNELS_KIND,
+    BENCH_RUNTIME_KIND,
+    SCHEMAS,
+    classify,
+    collect,
+    load,
+)
+from plamo2_tools.runtime.verify import VERIFY_KIND, VERIFY_SCHEMA_VERSION
+from plamo2_tools.shards.check import CHECK_KIND, CHECK_SCHEMA_VERSION
+
+ROOT = Path(__file__).resolve().parents[2]
+WRITERS = {  # kind -> the version its writer writes today
+    CONVERT_KIND: CONVERT_SCHEMA_VERSION,
+    CHECK_KIND: CHECK_SCHEMA_VERSION,
+    INSPECT_KIND: INSPECT_SCHEMA_VERSION,
+    VERIFY_KIND: VERIFY_SCHEMA_VERSION,
+    EVAL_KIND: EVAL_SCHEMA_VERSION,
+}
+
+
+def module_constants(path: Path) -> dict[str, Any]:
+    """Module-level NAME = literal assignments of a script, read without importing it (bench/kernels.py
+    sets up Triton on import)."""
+    out = {}
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            try:
+                out[node.targets[0].id] = ast.literal_eval(node.value)
+            except ValueError:
+                continue
+    return out
+
+
+def test_every_writer_is_read_in_the_version_it_writes() -> None:
+    for kind, version in WRITERS.items():
+        assert version in SCHEMAS[kind].versions, kind
+    assert len(set(WRITERS)) == len(WRITERS)
+
+
+@pytest.mark.parametrize(("script", "kind"), [("convert.py", BENCH_CONVERT_KIND), ("kernels.py", BENCH_KERNELS_KIND)])
+def test_bench_scripts_write_the_kind_the_report_reads(script: str, kind: str) -> None:
+    constants = module_constants(ROOT / "bench" / script)
+    assert constants["KIND"] == kind
+    assert constants["SCHEMA_VERSION"] in SCHEMAS[kind].versions
+
+
+def test_bench_runtime_writes_its_kind() -> None:
+    """bench/runtime.py has another owner; it must at least write the kind the report reads."""
+    source = ast.parse((ROOT / "bench" / "runtime.py").read_text())
+    literals = {n.value for n in ast.walk(source) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+    assert BENCH_RUNTIME_KIND in literals
+
+
+def write(path: Path, data: Any) -> Path:
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_recognised_by_kind_never_by_keys(tmp_path: Path) -> None:
+    verify = json.loads((Path(__file__).parent / "fixtures" / "verify" / "verify-cpu.json").read_text())
+    assert classify(verify) == ("verify", "")
+    untagged = {k: v for k, v in verify.items() if k not in ("kind", "schema_version")}
+    cases = {
+        "untagged.json": (untagged, "not a recognised results file (keys: "),
+        "newer.json": ({**verify, "schema_version": 2}, "plamo2-verify schema_version 2: this plamo2-tools reads "
+                       "version 1"),
+        "unversioned.json": ({**untagged, "kind": VERIFY_KIND}, "plamo2-verify schema_version None: "),
+        "other-kind.json": ({**verify, "kind": "plamo2-something"}, "kind 'plamo2-something' is not one this report "
+                            "reads"),
+        "broken-layouts.json": ({**verify, "layouts": {}}, "plamo2-verify version 1 without a valid layouts"),
+        "bool-count.json": ({"kind": CONVERT_KIND, "schema_version": 1, "tp": True, "pp": 1, "ranks": []},
+                            "plamo2-convert version 1 without a valid tp"),
+        "records.json": ([{"kernel": "ssd", "impl": "ours", "median_ms": 1.0}], "not a recognised results file (a "
+                         "JSON list)"),
+    }  # fmt: skip
+    for name, (data, _) in cases.items():
+        write(tmp_path / name, data)
+    (tmp_path / "stream.jsonl").write_text('{"kernel": "ssd", "impl": "ours", "median_ms": 1.0}\n{"kernel": "x"}\n')
+    docs, skipped = collect([tmp_path])
+    assert docs == []
+    reasons = {Path(s.name).name: s.reason for s in skipped}
+    for name, (_, reason) in cases.items():
+        assert reasons[name].startswith(reason), (name, reasons[name])
+    assert reasons["stream.jsonl"] == "not a recognised results file (a JSON list)"
+
+
+def test_kernel_stream_needs_its_header_and_a_known_version(tmp_path: Path) -> None:
+    record = {"section": "perf", "kernel": "ssd", "impl": "ours", "median_ms": 1.0}
+    header = {"kind": BENCH_KERNELS_KIND, "schema_version": 1}
+    good = tmp_path / "good.jsonl"
+    good.write_text("".join(json.dumps(r) + "\n" for r in (header, record, header, {**record, "median_ms": 2.0})))
+    assert classify(load(good)) == ("bench-kernels", "")  # a rerun appended to the stream: two headers
+    mixed = tmp_path / "mixed.jsonl"
+    mixed.write_text("".join(json.dumps(r) + "\n" for r in (header, record, {**header, "schema_version": 9})))
+    assert classify(load(mixed))[1] == "plamo2-bench-kernels schema_version 1, 9: this plamo2-tools reads version 1"
+    verify_stream = tmp_path / "verify.jsonl"
+    verify_stream.write_text(json.dumps({"kind": VERIFY_KIND, "schema_version": 1}) + "\n" + json.dumps(record) + "\n")
+    assert "only plamo2-bench-kernels streams" in classify(load(verify_stream))[1]
+
+
+def test_what_the_tools_write_is_read(cli, tmp_path: Path) -> None:
+    """convert / check / inspect --json and verify --output from the real commands."""
+    from plamo2_tools.model.synth import synth
+
+    synth(tmp_path / "src", "tiny", seed=3)
+    out = tmp_path / "results"
+    out.mkdir()
+    shards = tmp_path / "tp2pp1"
+    (out / "convert.json").write_text(cli("convert", tmp_path / "src", shards, "--tp", "2", "--json").stdout)
+    (out / "check.json").write_text(cli("check", shards, "--json").stdout)
+    (out / "inspect-shards.json").write_text(cli("inspect", shards, "--json").stdout)
+    (out / "inspect-hf.json").write_text(cli("inspect", tmp_path / "src", "--json").stdout)
+    cli("verify", shards, "--reference", tmp_path / "src", "--random", "1", "--max-new-tokens", "2",
+        "--output", out / "verify.json")  # fmt: skip
+    result = build_report([out], tmp_path / "r.md", timestamp=False)
+    assert result.skipped == []
+    assert sorted((Path(d.name).name, d.kind) for d in result.docs) == [
+        ("check.json", "check"), ("convert.json", "convert"), ("inspect-hf.json", "inspect"),
+        ("inspect-shards.json", "inspect"), ("verify.json", "verify"),
+    ]  # fmt: skip
+
+
+def test_every_committed_result_is_recognised() -> None:
+    """reports/ holds results of every kind; none may fall out of the report (only duplicates go)."""
+    docs, skipped = collect([ROOT / "reports"])
+    assert [s for s in skipped if not s.reason.startswith(("same results as", "all its measurements"))] == []
+    assert {d.kind for d in docs} >= {"verify", "bench-convert", "bench-kernels", "bench-runtime"}

@@ -1,0 +1,87 @@
+"""The runtime on shards against the second, independent forward (tests/foundation/independent.py),
+not only against `plamo2_tools.model.reference`.
+
+The reference forward, the converter and the runtime share plamo2_tools.model.config (norm offsets,
+eps, RoPE base, layer kinds): a wrong constant there moves all three together, and comparing the
+runtime with the reference cannot see it.  The independent forward spells PLaMo 2 out again from
+the spec, importing nothing from plamo2_tools, so such a constant shows up here.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import torch
+
+from plamo2_tools.model.synth import preset_config
+from plamo2_tools.model.tensors import pp_problems, tp_problems
+from plamo2_tools.runtime.engine import Runtime
+
+STEPS = 8  # greedy tokens compared per prompt (each one a full float64 forward of the independent model)
+MAX_REL_ERR = 1e-4  # the fp32 threshold of `verify` (runtime/verify.py THRESHOLDS)
+
+
+def load_independent() -> ModuleType:
+    """tests/foundation/independent.py by path: tests/runtime is not a package that could import it."""
+    path = Path(__file__).resolve().parents[1] / "foundation" / "independent.py"
+    spec = importlib.util.spec_from_file_location("plamo2_independent_forward", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+ind = load_independent()
+
+
+def layouts(preset: str) -> list[tuple[int, int]]:
+    """TP1xPP1 and the largest valid split of at most 4 ranks, TP and PP together where the preset
+    allows it: the one-rank path and the tensor- and pipeline-parallel paths of the runtime."""
+    cfg = preset_config(preset)
+    valid = [(tp, pp) for tp in (1, 2, 4) for pp in (1, 2, 3, 4)
+             if tp * pp <= 4 and not tp_problems(cfg, tp) and not pp_problems(cfg, pp)]  # fmt: skip
+    return sorted({(1, 1), max(valid, key=lambda x: (x[0] * x[1], min(x), x[0]))})
+
+
+CASES = [(p, tp, pp) for p in ("tiny", "tiny-gqa", "tiny-edge") for tp, pp in layouts(p)]
+
+
+@pytest.fixture(scope="module")
+def independent(checkpoints: dict[str, Path], prompts: dict[str, list[list[int]]]):
+    """Per preset: the independent model's float64 logits of every prompt position, and its greedy
+    continuation with the logits of each step (a full forward over prompt + tokens so far)."""
+    cache: dict[str, tuple[list[torch.Tensor], list[list[int]]]] = {}
+
+    def get(preset: str) -> tuple[list[torch.Tensor], list[list[int]]]:
+        if preset not in cache:
+            m = ind.load(checkpoints[preset], torch.float64)
+            logits, greedy = [], []
+            for prompt in prompts[preset]:
+                logits.append(ind.logits(m, prompt))
+                seq = list(prompt)
+                for _ in range(STEPS):
+                    seq.append(int(ind.logits(m, seq)[-1].argmax()))
+                greedy.append(seq[len(prompt) :])
+            cache[preset] = logits, greedy
+        return cache[preset]
+
+    return get
+
+
+@pytest.mark.parametrize(("preset", "tp", "pp"), CASES, ids=[f"{p}-tp{t}-pp{q}" for p, t, q in CASES])
+def test_runtime_matches_the_independent_forward(preset, tp, pp, shards, prompts, independent) -> None:
+    """fp32 shards: every prompt position within fp32 rounding of the float64 independent logits, and
+    the same greedy tokens."""
+    want_logits, want_tokens = independent(preset)
+    with Runtime(shards(preset, tp, pp), backend="torch", mode="local") as rt:
+        got_logits = rt.prompt_logits(prompts[preset])
+        got_tokens = rt.generate(prompts[preset], STEPS).tokens
+    for i, (got, want) in enumerate(zip(got_logits, want_logits, strict=True)):
+        rel = ((got.double() - want).abs().max() / want.abs().max()).item()
+        assert rel < MAX_REL_ERR, f"prompt {i}: max relative logit error {rel:.2e}"
+    assert got_tokens == want_tokens
