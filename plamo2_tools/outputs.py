@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from .errors import CheckpointError, OutputExistsError
+from .errors import CheckpointError, EnvironmentLimitError, OutputExistsError
 from .safetensors_io import atomic_write_text
 
 RECORD_NAME = ".plamo2_written.json"
@@ -93,3 +93,15 @@ def refuse_foreign(out: Path, planned: Iterable[str]) -> None:
             f"{out}: {shown} would be overwritten but plamo2-tools did not write {it}; move {it} away "
             "(--force replaces only files of ours)"
         )
+
+
+def make_output_dir(out: Path) -> None:
+    """mkdir -p OUT, with one-line errors: an existing file there (or above it) is the user's to
+    fix (exit 2); a refusal from the system (permissions, read-only, full) is environmental (3)."""
+    for p in (out, *out.parents):
+        if p.exists() and not p.is_dir():
+            raise OutputExistsError(f"{out}: {p} exists and is not a directory")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise EnvironmentLimitError(f"{out}: cannot create the output directory ({e.strerror or e})") from None

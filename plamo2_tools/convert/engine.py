@@ -28,7 +28,7 @@ import torch
 from ..digest import SHA256, hash_range, mapped_windows, new_hash
 from ..dtypes import dtype_name
 from ..errors import CheckpointError, EnvironmentLimitError, OutputExistsError, UserError, human_bytes
-from ..outputs import refuse_foreign, remove_outputs
+from ..outputs import make_output_dir, refuse_foreign, remove_outputs
 from ..safetensors_io import PartialFile, atomic_write_text, fsync_dir, read_header
 from ..shards.lock import OutputLock, ensure_not_being_written
 from ..shards.manifest import (
@@ -330,18 +330,6 @@ class _InputDigests:
                     )
                 out[name]["sha256"] = sha
         return out
-
-
-def make_output_dir(out: Path) -> None:
-    """mkdir -p OUT, with one-line errors: an existing file there (or above it) is the user's to
-    fix (exit 2); a refusal from the system (permissions, read-only, full) is environmental (3)."""
-    for p in (out, *out.parents):
-        if p.exists() and not p.is_dir():
-            raise OutputExistsError(f"{out}: {p} exists and is not a directory")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise EnvironmentLimitError(f"{out}: cannot create the output directory ({e.strerror or e})") from None
 
 
 def _check_disk(out: Path, need: int, what: str = "the conversion") -> None:

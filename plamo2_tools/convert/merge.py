@@ -16,9 +16,9 @@ import torch
 
 from ..errors import UserError
 from ..model.checkpoint import INDEX_NAME, hf_file_names, write_hf_weights
-from ..outputs import prepare_output, write_record
+from ..outputs import make_output_dir, prepare_output, write_record
 from ..shards.lock import OutputLock, ensure_not_being_written
-from .engine import CHUNK_BYTES, _check_disk, make_output_dir
+from .engine import CHUNK_BYTES, _check_disk
 from .plan import DEFAULT_MAX_PART_SIZE, output_path_problems
 from .sources import ShardSource, side_files
 

@@ -20,8 +20,8 @@ import torch
 
 from ..dtypes import FLOAT_DTYPES as DTYPES
 from ..dtypes import dtype_name, element_size
-from ..errors import EnvironmentLimitError, OutputExistsError, UserError
-from ..outputs import prepare_output, write_record
+from ..errors import UserError
+from ..outputs import make_output_dir, prepare_output, write_record
 from ..tokenizer.synthetic import FIRST_PIECE_ID, write_synthetic_tokenizer
 from .checkpoint import INDEX_NAME, hf_file_names, write_hf_weights
 from .config import FINAL_NORM_OFFSET, NORM_OFFSETS, Plamo2Config
@@ -212,13 +212,7 @@ def synth(
     if not 1 <= files <= tensors:
         # write_checkpoint would clamp silently, and the CLI would then report the wrong count.
         raise UserError(f"files = {files}: must be between 1 and the {tensors} tensors of {preset}")
-    for p in (out, *out.parents):
-        if p.exists() and not p.is_dir():
-            raise OutputExistsError(f"{out}: {p} exists and is not a directory")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise EnvironmentLimitError(f"{out}: cannot create the output directory ({e.strerror or e})") from None
+    make_output_dir(out)
     # --force replaces an earlier synth's files (as its record lists them), never anything else.
     writes = synth_files(files)
     prepare_output(out, writes, force)
