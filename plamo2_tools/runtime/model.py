@@ -66,11 +66,6 @@ def rope_cos_sin(positions: Tensor, dim: int, theta: float, dtype: torch.dtype) 
     return angles.cos().to(dtype), angles.sin().to(dtype)
 
 
-def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
-
-
 class MambaMixer:
     def __init__(self, cfg: Plamo2Config, w: dict[str, Tensor], sizes: RankSizes, ops: Ops, comm: Comm) -> None:
         self.cfg, self.ops, self.comm = cfg, ops, comm
@@ -156,7 +151,7 @@ class DecoderLayer:
         residual: Tensor | None,
         batch: Batch,
         state: LayerState,
-        rope: tuple[Tensor, Tensor],
+        rope: tuple[Tensor, Tensor] | None,  # None in Mamba layers
         pending: Tensor | None = None,
     ) -> tuple[Tensor, Tensor]:
         """Returns the MLP output *before* its post-MLP norm, which the caller fuses with the next
@@ -167,7 +162,7 @@ class DecoderLayer:
         else:
             assert residual is not None
             h, residual = ops.norm_add_norm(h, pending, residual, norms["pre_mixer_norm"], eps)
-        h = self.mixer(h, batch, state) if self.is_mamba else self.mixer(h, batch, state, rope)
+        h = self.mixer(h, batch, state) if self.is_mamba else self.mixer(h, batch, state, rope)  # type: ignore[arg-type]
         h, residual = ops.norm_add_norm(h, norms["post_mixer_norm"], residual, norms["pre_mlp_norm"], eps)
         h = self.comm.all_reduce(F.linear(ops.silu_mul(F.linear(h, self.gate_up)), self.down))
         return h, residual
@@ -229,11 +224,12 @@ class RankModel:
         can hold them: (logits,) on the last stage, else the (hidden, residual) to send on."""
         cfg = self.cfg
         # One table per RoPE base in use (PLaMo 2.1 picks the base per layer: cfg.rope_base).
-        bases = {cfg.rope_base(layer.index) for layer in self.layers}
+        # Mamba layers use none, so only the attention layers' bases get a table.
+        bases = {cfg.rope_base(layer.index) for layer in self.layers if not layer.is_mamba}
         ropes = {b: rope_cos_sin(batch.positions, cfg.hidden_size_per_head, b, torch.float32) for b in bases}
         pending = None  # the previous layer's post-MLP norm, fused into the next norm
         for layer in self.layers:
-            rope = ropes[cfg.rope_base(layer.index)]
+            rope = ropes.get(cfg.rope_base(layer.index))
             h, residual = layer(h, residual, batch, states[layer.index], rope, pending)
             pending = layer.norms["post_mlp_norm"]
         assert residual is not None and pending is not None
