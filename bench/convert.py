@@ -126,6 +126,7 @@ def dir_bytes(path: Path) -> int:
 def ensure_checkpoint(src: Path, preset: str, files: int, synth: str) -> dict[str, Any]:
     import torch
 
+    from plamo2_tools.model import num_parameters
     from plamo2_tools.model.checkpoint import HFCheckpoint
     from plamo2_tools.model.synth import DTYPES, checkpoint_bytes, preset_config, write_checkpoint
 
@@ -158,7 +159,7 @@ def ensure_checkpoint(src: Path, preset: str, files: int, synth: str) -> dict[st
             "path": str(src),
             "preset": preset,
             "dtype": cfg.torch_dtype,
-            "parameters": cfg.num_parameters(),
+            "parameters": num_parameters(cfg),
             "bytes": dir_bytes(src),
             "weight_bytes": sum(f.stat().st_size for f in paths),
             "weight_files": len(paths),

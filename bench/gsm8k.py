@@ -53,8 +53,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from plamo2_tools.eval.gsm8k_task import load_gsm8k_data
     from plamo2_tools.eval.harness import EvalRequest, evaluate_model
     from plamo2_tools.eval.plamo2_lm import Plamo2LM
-    from plamo2_tools.runtime.engine import Runtime
-    from plamo2_tools.runtime.generation import PhaseTimer
+    from plamo2_tools.runtime.serving.engine import Runtime
+    from plamo2_tools.runtime.serving.generation import PhaseTimer
 
     data = load_gsm8k_data(args.gsm8k_dir, allow_unverified=True)
     B = args.batch_size

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from plamo2_tools.runtime.engine import Runtime
+from plamo2_tools.runtime.serving.engine import Runtime
 
 
 def main() -> None:

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from plamo2_tools.runtime.engine import Runtime
+from plamo2_tools.runtime.serving.engine import Runtime
 
 KIND = "plamo2-bench-runtime"
 # Version 1 records (backend, phase, batch | tokens, tokens_per_s) plus fields the report reads

@@ -8,8 +8,8 @@ from typing import Any
 
 from .convert.engine import convert
 from .model.synth import preset_config, synth
-from .runtime.verify import random_prompts, verify
 from .shards.check import check_shards
+from .verify import random_prompts, verify
 
 DEFAULT_LAYOUTS = ((1, 1), (2, 1), (2, 2))
 

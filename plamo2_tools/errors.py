@@ -12,6 +12,8 @@ Exit codes used by every command:
 
 from __future__ import annotations
 
+import errno
+
 BUG_EXIT_CODE = 70
 # Where the crash line sends people; one place to change when the tracker moves.
 REPORT_BUGS_TO = "the plamo2-tools issue tracker (with the command line, `plamo2-tools --version` and the traceback)"
@@ -60,6 +62,21 @@ class CheckFailed(Plamo2Error):
     """A verification ran to the end and found a difference."""
 
     exit_code = 1
+
+
+# OS errors that are the machine's refusal, not a fault of the input: exit 3 wherever they surface.
+ENVIRONMENT_ERRNOS = frozenset({errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.EIO,
+                                errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.EBUSY, errno.ETXTBSY})  # fmt: skip
+
+
+def os_error(e: OSError, what: str) -> Plamo2Error:
+    """The one rule from an OSError to the user's line and exit code: the machine's refusals
+    (permissions, read-only, full, I/O, limits) exit 3; everything else about a path the user gave
+    (missing, not a file, a directory, a name too long, ...) exits 2.  `what` names the path and
+    what was being done ("x.safetensors: cannot read")."""
+    reason = "no space left on device" if e.errno == errno.ENOSPC else (e.strerror or str(e))
+    cls = EnvironmentLimitError if e.errno in ENVIRONMENT_ERRNOS else UserError
+    return cls(f"{what} ({reason})")
 
 
 def human_bytes(n: float) -> str:

@@ -9,9 +9,9 @@ from typing import Any
 from .dtypes import SAFETENSORS_NAMES as DTYPE_NAMES
 from .dtypes import dtype_name
 from .errors import CheckpointError
+from .model import family_of, num_parameters
 from .model.checkpoint import HFCheckpoint
-from .model.config import Plamo2Config
-from .model.tensors import pp_problems, tp_notes, tp_problems
+from .model.layout import pp_problems
 from .outputs import ensure_complete
 from .parallel import pp_layer_counts
 from .shards.lock import ensure_not_being_written
@@ -26,62 +26,21 @@ INSPECT_KIND = "plamo2-inspect"
 INSPECT_SCHEMA_VERSION = 1
 
 
-def config_summary(cfg: Plamo2Config) -> dict[str, Any]:
-    return {
-        "model_type": cfg.model_type,
-        "hidden_size": cfg.hidden_size,
-        "num_hidden_layers": cfg.num_hidden_layers,
-        "num_attention_heads": cfg.num_attention_heads,
-        "num_key_value_heads": cfg.num_key_value_heads,
-        "hidden_size_per_head": cfg.hidden_size_per_head,
-        "mamba_num_heads": cfg.mamba_num_heads,
-        "mamba_d_state": cfg.mamba_d_state,
-        "mamba_d_conv": cfg.mamba_d_conv,
-        "mamba_step": cfg.mamba_step,
-        "intermediate_size": cfg.intermediate_size,
-        "vocab_size": cfg.vocab_size,
-        "padded_vocab": cfg.padded_vocab,
-        "mamba_inner": cfg.mamba_inner,
-        "dt_rank": cfg.dt_rank,
-        "tie_word_embeddings": cfg.tie_word_embeddings,
-        "rope_theta": cfg.rope_theta,
-        "rope_local_theta": cfg.rope_local_theta,
-        "variant": cfg.variant.name,
-        "attention_window_size": cfg.attention_window_size,
-        "full_attention_idx": list(cfg.full_attention_idx),
-        "rms_norm_eps": cfg.rms_norm_eps,
-        "torch_dtype": cfg.torch_dtype,
-    }
-
-
-def split_table(cfg: Plamo2Config) -> dict[str, list[dict[str, Any]]]:
-    tp_rows = [
-        {
-            "tp": t,
-            "ok": not tp_problems(cfg, t),
-            "reasons": tp_problems(cfg, t),
-            "notes": [] if tp_problems(cfg, t) else tp_notes(cfg, t),
-        }
-        for t in TP_CANDIDATES
-    ]
+def split_table(cfg: Any) -> dict[str, list[dict[str, Any]]]:
+    family = family_of(cfg)
+    tp_rows = []
+    for t in TP_CANDIDATES:
+        problems = family.tp_problems(cfg, t)
+        notes = [] if problems else family.tp_notes(cfg, t)
+        tp_rows.append({"tp": t, "ok": not problems, "reasons": problems, "notes": notes})
     L = cfg.num_hidden_layers
     pp_rows = []
     for p in sorted({1, 2, 3, 4, 8, min(L, 16), L + 1}):
-        problems = pp_problems(cfg, p)
+        problems = pp_problems(L, p)
         pp_rows.append(
             {"pp": p, "ok": not problems, "reasons": problems, "layers": [] if problems else pp_layer_counts(L, p)}
         )
     return {"tp": tp_rows, "pp": pp_rows}
-
-
-def layer_map(cfg: Plamo2Config) -> list[dict[str, Any]]:
-    """Per layer: Mamba or attention, and for attention its window (None = full) and RoPE base."""
-    return [
-        {"index": i, "kind": kind}
-        if kind == "mamba"
-        else {"index": i, "kind": kind, "window": cfg.attention_window(i), "rope_base": cfg.rope_base(i)}
-        for i, kind in enumerate(cfg.layer_kinds)
-    ]
 
 
 def vllm_compatibility(tp: int, pp: int) -> list[str]:
@@ -117,10 +76,12 @@ def inspect_path(path: str | Path) -> dict[str, Any]:
             "schema_version": INSPECT_SCHEMA_VERSION,
             "format": "hf",
             "path": str(path),
-            "config": config_summary(cfg),
-            "layers": layer_map(cfg),
+            "family": family_of(cfg).name,
+            "config": family_of(cfg).summary(cfg),
+            "geometry": family_of(cfg).describe(cfg),
+            "layers": family_of(cfg).layer_map(cfg),
             "parameters": params,
-            "expected_parameters": cfg.num_parameters(),
+            "expected_parameters": num_parameters(cfg),
             "tensors": len(ckpt.tensors),
             "bytes_by_dtype": by_dtype,
             "files": [{"name": f.path.name, "size": f.size, "tensors": len(f.tensors)} for f in ckpt.files],
@@ -142,8 +103,10 @@ def _inspect_shards(path: Path) -> dict[str, Any]:
         "schema_version": INSPECT_SCHEMA_VERSION,
         "format": "shards",
         "path": str(path),
-        "config": config_summary(cfg),
-        "layers": layer_map(cfg),
+        "family": family_of(cfg).name,
+        "config": family_of(cfg).summary(cfg),
+        "geometry": family_of(cfg).describe(cfg),
+        "layers": family_of(cfg).layer_map(cfg),
         "mapping": {k: m.raw["mapping"][k] for k in ("tp_size", "pp_size", "world_size", "stages")},
         "vllm": vllm_compatibility(m.mapping.tp, m.mapping.pp),
         "ranks": m.raw["mapping"]["ranks"],

@@ -23,7 +23,7 @@ import torch
 from .dtypes import SAFETENSORS_DTYPES as DTYPES
 from .dtypes import SAFETENSORS_NAMES as DTYPE_NAMES
 from .dtypes import element_size as dtype_size
-from .errors import CheckpointError, EnvironmentLimitError
+from .errors import CheckpointError, EnvironmentLimitError, os_error
 
 MAX_HEADER_BYTES = 100_000_000  # the safetensors library's own limit
 
@@ -73,7 +73,7 @@ def read_header(path: str | Path) -> SafetensorsFile:
                 )
             raw = f.read(n)
     except OSError as e:
-        raise CheckpointError(f"{path}: cannot read ({e.strerror or e})") from None
+        raise os_error(e, f"{path}: cannot read") from None
     if not raw.lstrip(b" ").startswith(b"{"):
         raise CheckpointError(f"{path}: corrupt header (does not start with '{{')")
     try:

@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from ..errors import UserError
+from ..model import hf_tensor_shapes
 from ..model.checkpoint import INDEX_NAME, hf_file_names, write_hf_weights
 from ..outputs import make_output_dir, prepare_output, write_record
 from ..shards.lock import OutputLock, ensure_not_being_written
@@ -46,7 +47,7 @@ def merge(
             raise UserError("; ".join(problems))
         ensure_not_being_written(out)  # a second writer stops here, before the shards are hashed
         source.verify()  # a damaged shard must not come back as a clean-looking HF checkpoint
-        tensors = list(source.config.hf_tensor_shapes())
+        tensors = list(hf_tensor_shapes(source.config))
         groups = _groups(source, tensors, max_part_size)
         sides = side_files(source.path)
         weights = hf_file_names(len(groups))

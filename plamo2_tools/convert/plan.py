@@ -7,14 +7,15 @@ import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from .. import __version__
 from ..dtypes import FLOAT_DTYPES, dtype_name
 from ..errors import UserError
-from ..model.config import Plamo2Config
-from ..model.tensors import CONSTANT, OutputTensor, make_mapping, rank_tensors
+from ..model import family_of, hf_tensor_shapes
+from ..model.layout import CONSTANT, OutputTensor, make_mapping, rank_tensors
 from ..parallel import Mapping
 from ..safetensors_io import FileLayout, plan_file
 from ..shards.manifest import FORMAT_VERSION, file_metadata, file_name
@@ -110,12 +111,12 @@ def fingerprint(source: Source, mapping: Mapping, out_dtype: torch.dtype | None,
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
 
 
-def canonical_order(cfg: Plamo2Config) -> dict[str, int]:
+def canonical_order(cfg: Any) -> dict[str, int]:
     """HF tensor name -> position in the model's own order (embedding, layers, norm, head).
 
     Sources are streamed and output files laid out in this order, which does not depend on how
     the source checkpoint happens to be split into files."""
-    order = {name: i for i, name in enumerate(cfg.hf_tensor_shapes())}
+    order = {name: i for i, name in enumerate(hf_tensor_shapes(cfg))}
     order[CONSTANT] = len(order)  # vLLM's extra scalars (model/tensors.py VLLM_EXTRAS) come last
     return order
 
@@ -131,13 +132,14 @@ def make_plan(
     if dtype not in OUT_DTYPES:
         raise UserError(f"unknown --dtype {dtype!r}; choose one of: {', '.join(OUT_DTYPES)}")
     out_dtype = OUT_DTYPES[dtype]
-    mapping = make_mapping(source.config, tp, pp, pp_layers)
+    family = family_of(source.config)
+    mapping = make_mapping(family, source.config, tp, pp, pp_layers)
     src_dtypes = {n: t.dtype for n, t in source.tensors.items()}
     order = canonical_order(source.config)
     files = []
     for rank in range(mapping.world_size):
         meta = file_metadata(mapping, rank)
-        tensors = rank_tensors(source.config, src_dtypes, mapping, rank, out_dtype)
+        tensors = rank_tensors(family, source.config, src_dtypes, mapping, rank, out_dtype)
         for part, group in enumerate(_split_parts(tensors, max_part_size)):
             # Laid out in the order the engine streams sources, so every file is written front to
             # back and hashed on the fly (see engine.stream_order).

@@ -16,8 +16,7 @@ import torch
 from ..dtypes import parse_dtype
 from ..errors import CheckpointError, UserError
 from ..model.checkpoint import HFCheckpoint
-from ..model.config import Plamo2Config
-from ..model.tensors import invert_transforms
+from ..model.layout import invert_transforms
 from ..safetensors_io import TensorInfo, read_header, read_rows
 from ..shards.manifest import FORMAT_VERSION, HASH, JOURNAL_NAME, MANIFEST_NAME, Manifest, file_digests, load_manifest
 from ..shards.owned import ensure_readable_checkpoint
@@ -43,7 +42,7 @@ class SourceTensor:
 
 class Source(Protocol):
     path: Path
-    config: Plamo2Config
+    config: Any  # the typed config of the model's family
     kind: str  # "hf" | "shards"
 
     @property

@@ -37,7 +37,7 @@ import torch
 
 from ..digest import Hasher, hash_range, mapped_windows, new_hash
 from ..errors import CheckpointError, EnvironmentLimitError
-from ..model.tensors import OutputTensor, apply_transforms
+from ..model.layout import OutputTensor, apply_transforms
 from ..safetensors_io import PartialFile, pread_into, tensor_bytes
 from .sources import Source
 

@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import Plamo2Error, UserError
-from ..runtime.jobs import run_job
-from ..runtime.result_io import result_type
+from ..runtime.process.jobs import run_job
+from ..runtime.process.result_io import result_type
 from .gsm8k_task import Gsm8kData, gsm8k_task_config
 from .hf_offline import hf_offline, offline_env
 
@@ -61,6 +61,7 @@ class EvalRequest:
     bootstrap_iters: int = 100_000
     log_samples: bool = True
     verify_files: bool = True  # False: skip the shard digests at load (headers are still checked)
+    forward_options: dict[str, Any] = field(default_factory=dict)  # the family's (e.g. PLaMo 3's window convention)
 
     def model_args(self) -> dict[str, Any]:
         """What lm-eval records as model_args; `pretrained` also names the output directory."""
@@ -70,6 +71,7 @@ class EvalRequest:
             args["max_length"] = self.max_length
         if self.trust_remote_code:
             args["trust_remote_code"] = True
+        args.update(self.forward_options)
         return args
 
 
@@ -219,7 +221,7 @@ def run_eval(request: EvalRequest, launch: bool = False) -> EvalOutcome | None:
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="plamo2-eval-hf-") as cache_root:
         runtime = {"shards": request.shards, "device": request.device, "backend": request.backend,
-                   "verify_files": request.verify_files}  # fmt: skip
+                   "verify_files": request.verify_files, "forward_options": request.forward_options}  # fmt: skip
         env = offline_env(Path(cache_root) / "launch") if launch else None
         outcome = run_job(eval_job, runtime, {"cache_root": cache_root, **dataclasses.asdict(request)}, launch, env)
     if outcome is None:

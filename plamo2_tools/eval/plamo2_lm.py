@@ -33,8 +33,8 @@ from tqdm import tqdm
 from .. import __version__
 from ..dtypes import dtype_name
 from ..errors import UserError
-from ..runtime.devices import check_backend, check_device
-from ..runtime.engine import Runtime, load_tokenizer
+from ..kernels.devices import check_backend, check_device
+from ..runtime.serving.engine import Runtime, load_tokenizer
 from .stop_rules import (
     DEFAULT_MAX_GEN_TOKS,
     GenSettings,
@@ -80,6 +80,7 @@ class Plamo2LM(TemplateLM):
         pp: int | None = None,
         continuous_batching: bool | str = True,
         cuda_graph: bool | str = True,
+        window_convention: str | None = None,
     ) -> None:
         """`pretrained` is a shard directory (lm-eval names its output directory after it); pass a
         loaded `runtime` instead to share one between evaluations.  `tp` / `pp` are optional checks
@@ -102,6 +103,7 @@ class Plamo2LM(TemplateLM):
                 backend=backend,
                 prefill_chunk=prefill_chunk,
                 cuda_graph=_flag(cuda_graph),
+                forward_options={} if window_convention is None else {"window_convention": window_convention},
             )
         self.runtime = runtime
         self.path = Path(pretrained) if pretrained is not None else runtime.path
@@ -166,6 +168,7 @@ class Plamo2LM(TemplateLM):
             "kernels": self.runtime.kernels if running else None,
             "runtime_device": self.device_name,
             "runtime_mode": self.runtime.mode,
+            "forward_options": dict(getattr(self.runtime, "forward_options", {})),
             "max_length": self.max_length,
             "max_gen_toks": self.max_gen_toks,
             "stop_token_ids": list(self.stop_ids),
@@ -299,30 +302,13 @@ class Plamo2LM(TemplateLM):
             limits.append(max(0, max_new))
         if not any(limits):
             return ["" for _ in prompts]
-        watcher = SpanStopWatcher(self.decode, settings.until)
+        watcher = StopStringWatcher(self.decode, settings.until)
         generation = self.runtime.generate(
             truncated, limits[0] if len(set(limits)) == 1 else limits, eos_token_ids=self.stop_ids,
             temperature=settings.temperature, top_p=settings.top_p, seed=self.seed, stop=watcher,
             max_batch=self.batch_size if self.continuous_batching else None, request_keys=keys,
         )  # fmt: skip
         return [finish_text(tokens, self.stop_ids, self.decode, settings.until) for tokens in generation.tokens]
-
-
-class SpanStopWatcher(StopStringWatcher):
-    """`StopStringWatcher` that also answers for many new tokens at once (the runtime looks at
-    tokens every few decode steps): one decode of the new tokens plus a window before them tells
-    whether any prefix ends in a stop string; only then is each prefix asked, as token-by-token
-    generation would have, so the first stopping prefix is the same."""
-
-    def first_hit(self, i: int, tokens: list[int], checked: int) -> int | None:
-        if not self.stops or checked >= len(tokens):
-            return None
-        # A stop string that first appears at prefix n > checked lies within the last `window`
-        # tokens before n (see StopStringWatcher), so within this tail.
-        tail = self.decode(tokens[max(0, checked - self.window) :])
-        if not any(s in tail for s in self.stops):
-            return None
-        return next((n for n in range(checked + 1, len(tokens) + 1) if self(i, tokens[:n])), None)
 
 
 def _flag(value: bool | str) -> bool:

@@ -11,11 +11,14 @@ The float64 oracles these are tested against live in ``plamo2_tools.model.refere
 
 from __future__ import annotations
 
-from typing import Protocol, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
-import torch
+if TYPE_CHECKING:  # the interface is importable without torch (e.g. for --help); the backends need it
+    import torch
 
-Tensor = torch.Tensor
+    Tensor = torch.Tensor
+else:
+    Tensor = Any
 
 
 class Ops(Protocol):
@@ -126,8 +129,10 @@ class Ops(Protocol):
         ...
 
 
-def get_ops(backend: str = "auto", device: torch.device | str | None = None) -> Ops:
+def get_ops(backend: str = "auto", device: Any = None) -> Ops:
     """Pick a backend: "torch", "triton" or "auto" (Triton on CUDA devices when it imports)."""
+    import torch
+
     if backend == "auto":
         if device is not None and torch.device(device).type == "cuda":
             try:

@@ -1,5 +1,5 @@
-"""Lazy access to a Hugging Face PLaMo 2 checkpoint: one `model.safetensors` or an index over
-several files.  Only headers are parsed up front; tensors (or row ranges of them) are read on
+"""Lazy access to a Hugging Face checkpoint of any registered family: one `model.safetensors` or an
+index over several files.  Only headers are parsed up front; tensors (or row ranges of them) are read on
 demand, so nothing ever holds the whole model."""
 
 from __future__ import annotations
@@ -15,8 +15,7 @@ import torch
 from ..dtypes import SAFETENSORS_NAMES as DTYPE_NAMES
 from ..errors import CheckpointError
 from ..safetensors_io import PartialFile, SafetensorsFile, TensorInfo, plan_file, read_header, read_rows, tensor_bytes
-from .config import Plamo2Config
-from .tensors import accepted_shapes
+from .registry import family_of, hf_tensor_shapes, load_config
 
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
@@ -29,7 +28,8 @@ class HFCheckpoint:
         self.path = Path(path)
         if not self.path.is_dir():
             raise CheckpointError(f"{self.path}: not a directory")
-        self.config = Plamo2Config.from_file(self.path)
+        self.config = load_config(self.path)
+        self.family = family_of(self.config)
         self.files: list[SafetensorsFile] = []
         self.tensors: dict[str, TensorInfo] = {}
         self._file_of: dict[str, SafetensorsFile] = {}
@@ -81,14 +81,14 @@ class HFCheckpoint:
     # ---- inventory --------------------------------------------------------------------------
     def inventory_problems(self) -> list[str]:
         """Every missing, unexpected, misshapen or non-float tensor, one line each."""
-        expected = self.config.hf_tensor_shapes()
+        expected = hf_tensor_shapes(self.config)
         problems = [
             f"missing tensor {name} {list(shape)}" for name, shape in expected.items() if name not in self.tensors
         ]
         for name, info in self.tensors.items():
             if name not in expected:
                 problems.append(f"unexpected tensor {name} {list(info.shape)}")
-            elif info.shape not in accepted_shapes(self.config, name):
+            elif info.shape not in self.family.accepted_shapes(self.config, name):
                 problems.append(f"wrong shape for {name}: {list(info.shape)}, expected {list(expected[name])}")
             elif not info.dtype.is_floating_point:
                 problems.append(f"wrong dtype for {name}: {DTYPE_NAMES[info.dtype]}, expected a float type")

@@ -24,8 +24,8 @@ from ..convert.engine import CONVERT_KIND
 from ..errors import UserError
 from ..eval.harness import EVAL_KIND
 from ..inspect import INSPECT_KIND
-from ..runtime.verify import VERIFY_KIND
 from ..shards.check import CHECK_KIND
+from ..verify import VERIFY_KIND
 
 log = logging.getLogger(__name__)
 

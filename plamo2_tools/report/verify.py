@@ -11,7 +11,7 @@ from .inputs import Doc
 from .markdown import MISSING, code, is_number, num, sci, table, yes_no
 from .plots import FAIL_COLOR, PASS_COLOR, figure, log_floor
 
-HIGHER_IS_BETTER = ("greedy_match_fraction", "top1_agreement")  # as runtime.verify.judge reads thresholds
+HIGHER_IS_BETTER = ("greedy_match_fraction", "top1_agreement")  # as verify.judge reads thresholds
 HEADERS = [
     "Layout", "Shards", "dtype", "Ranks", "Launch", "Backend", "max |Δlogit|", "max rel err", "mean KL",
     "top-1", "greedy match", "logprobs close", "Thresholds", "Result",

@@ -27,7 +27,8 @@ import safetensors
 import torch
 
 from ..dtypes import parse_dtype
-from ..model.tensors import CONSTANT, OutputTensor, rank_tensors
+from ..model import family_of
+from ..model.layout import CONSTANT, OutputTensor, rank_tensors
 from ..safetensors_io import read_header
 from .manifest import Manifest, config_sha256, file_metadata, load_manifest
 
@@ -122,7 +123,10 @@ def _expected(m: Manifest) -> dict[int, list[OutputTensor]]:
     src_dtypes = {n: parse_dtype(r["dtype"]) for n, r in m.source_tensors.items()}
     dtype = m.raw["options"]["dtype"]
     out_dtype = None if dtype == "auto" else parse_dtype(dtype)
-    planned = {r: rank_tensors(m.config, src_dtypes, m.mapping, r, out_dtype) for r in range(m.mapping.world_size)}
+    family = family_of(m.config)
+    planned = {
+        r: rank_tensors(family, m.config, src_dtypes, m.mapping, r, out_dtype) for r in range(m.mapping.world_size)
+    }
     if m.version == 1:  # version 1 predates vLLM's extra constant tensors (VLLM_EXTRAS): none expected
         planned = {r: [t for t in ts if t.source != CONSTANT] for r, ts in planned.items()}
     return planned

@@ -17,7 +17,7 @@ import os
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 
-from ..errors import CheckpointError, Plamo2Error
+from ..errors import CheckpointError, Plamo2Error, os_error
 from ..safetensors_io import read_header
 from .manifest import Manifest, file_metadata
 
@@ -79,4 +79,4 @@ def file_digest(m: Manifest, name: str) -> tuple[str, str]:
     try:
         return m.file_digest(name), m.digests_of(path)[0]
     except OSError as e:
-        raise CheckpointError(f"{path}: cannot read ({e.strerror or e})") from None
+        raise os_error(e, f"{path}: cannot read") from None

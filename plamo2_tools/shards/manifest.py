@@ -27,8 +27,8 @@ from .. import __version__
 from ..digest import HASHES, SHA256, XXH3_128, hash_range, new_hash, sha256_file
 from ..dtypes import dtype_name, parse_dtype
 from ..errors import CheckpointError
-from ..model.config import Plamo2Config
-from ..model.tensors import OutputTensor, Piece, Transform
+from ..model import family_of, load_config
+from ..model.layout import OutputTensor, Piece, parse_transform
 from ..parallel import Mapping
 from ..safetensors_io import SafetensorsFile, atomic_write_text, read_header
 from .lock import ensure_not_being_written
@@ -73,7 +73,7 @@ class TensorEntry:
 class Manifest:
     path: Path  # the shard directory
     raw: dict[str, Any]
-    config: Plamo2Config
+    config: Any  # the typed config of the model's family (model/registry.py)
     mapping: Mapping
     entries: dict[int, dict[str, TensorEntry]]  # rank -> key -> entry
 
@@ -103,6 +103,20 @@ class Manifest:
         return self.raw["mapping"]["ranks"][rank]["files"]
 
     @property
+    def activation_dtype(self) -> torch.dtype:
+        """The dtype the runtime computes in: convert's --dtype, or with "auto" that of the family's
+        activation tensor (its decoder weights) as converted."""
+        chosen = self.raw["options"]["dtype"]
+        if chosen != "auto":
+            return parse_dtype(chosen)
+        suffix = family_of(self.config).activation_tensor
+        for entries in self.entries.values():
+            for key, e in entries.items():
+                if key.endswith(suffix):
+                    return e.tensor.dtype
+        raise CheckpointError(f"{self.path}: no {suffix} in the manifest: cannot tell the activation dtype")
+
+    @property
     def source_tensors(self) -> dict[str, dict[str, Any]]:
         """HF name -> {dtype, shape} of the checkpoint the shards were made from."""
         return self.raw["source"]["tensors"]
@@ -127,7 +141,7 @@ def build_manifest(
     *,
     fingerprint: str,
     source: dict[str, Any],
-    config: Plamo2Config,
+    config: Any,
     mapping: Mapping,
     out_dtype: torch.dtype | None,
     max_part_size: int,
@@ -189,18 +203,6 @@ def config_sha256(directory: Path) -> str:
     return hashlib.sha256((directory / "config.json").read_bytes()).hexdigest()
 
 
-def _parse_transform(text: str) -> Transform:
-    if "(" not in text:
-        return Transform(text)
-    name, arg = text[:-1].split("(", 1)
-    value: float | int | str = arg
-    if name in ("add_offset", "fill"):
-        value = float(arg)
-    elif name == "pad_vocab":
-        value = int(arg)
-    return Transform(name, value)
-
-
 _CACHE: dict[tuple[str | int, ...], Manifest] = {}
 _CACHE_LOCK = threading.Lock()
 
@@ -248,7 +250,7 @@ def _parse_manifest(directory: Path, path: Path) -> Manifest:
                 f"{', '.join(HASHES)})"
             )
         digest_key = _DIGEST_KEY[version]
-        config = Plamo2Config.from_file(directory / "config.json")
+        config = load_config(directory / "config.json")
         m = raw["mapping"]
         mapping = Mapping(m["tp_size"], m["pp_size"], tuple(tuple(s) for s in m["stages"]))
         entries: dict[int, dict[str, TensorEntry]] = {}
@@ -262,7 +264,7 @@ def _parse_manifest(directory: Path, path: Path) -> Manifest:
                     shape=tuple(rec["shape"]),
                     dtype=parse_dtype(rec["dtype"]),
                     pieces=tuple(Piece(*p) for p in rec["pieces"]),
-                    transforms=tuple(_parse_transform(x) for x in rec["transforms"]),
+                    transforms=tuple(parse_transform(x) for x in rec["transforms"]),
                 )
                 entries[rank][key] = TensorEntry(rank, rec["file"], t, rec[digest_key])
     except (KeyError, TypeError, ValueError) as e:

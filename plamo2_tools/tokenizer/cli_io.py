@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TextIO
 
-from ..errors import UserError
+from ..errors import UserError, os_error
 from .loader import load_tokenizer
 
 
@@ -78,7 +78,7 @@ def _open_input(input_file: str | Path | None) -> Iterator[tuple[TextIO, str]]:
         with open(input_file, encoding="utf-8") as f:
             yield f, str(input_file)
     except OSError as e:
-        raise UserError(f"cannot read {input_file}: {e.strerror or e}") from None
+        raise os_error(e, f"{input_file}: cannot read") from None
     except UnicodeDecodeError as e:
         raise UserError(f"{input_file} is not UTF-8 text ({e.reason})") from None
 
@@ -95,7 +95,7 @@ def _open_output(out_file: str | Path | None) -> Iterator[TextIO]:
     try:
         handle = partial.open("w", encoding="utf-8")
     except OSError as e:
-        raise UserError(f"cannot write {final}: {e.strerror or e}") from None
+        raise os_error(e, f"{final}: cannot write") from None
     with handle:
         yield handle
     os.replace(partial, final)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import UserError
+from ..errors import UserError, os_error
 
 # PLaMo's integer sentinels: rows scoring at or below INVALID_SCORE are never chosen, and a character
 # no piece covers costs -UNKNOWN_SCORE and becomes its UTF-8 byte tokens.
@@ -57,7 +57,7 @@ def read_rows(path: str | Path) -> list[list[Any]]:
                     raise UserError(f"{path}:{number}: not a JSON line ({e.msg})") from None
                 rows.append(row)
     except OSError as e:
-        raise UserError(f"cannot read {path}: {e.strerror or e}") from None
+        raise os_error(e, f"{path}: cannot read") from None
     return rows
 
 

@@ -13,7 +13,7 @@ import torch
 from convert_expect import Watermark
 from typer.testing import Result
 
-from plamo2_tools.model.config import Plamo2Config
+from plamo2_tools.model.plamo2.config import Plamo2Config
 from plamo2_tools.model.synth import preset_config, random_tensor, write_checkpoint
 
 Cli = Callable[..., Result]

@@ -14,9 +14,10 @@ from pathlib import Path
 import safetensors
 import torch
 
-from plamo2_tools.model.config import Plamo2Config
+from plamo2_tools.model import hf_tensor_shapes
+from plamo2_tools.model.plamo2.config import Plamo2Config
 
-# docs/model.md §3.1, as literals (not plamo2_tools.model.config.NORM_OFFSETS).
+# docs/model.md §3.1, as literals (not plamo2_tools.model.plamo2.config.NORM_OFFSETS).
 LAYER_NORM_OFFSETS = {
     "pre_mixer_norm": 1.0,
     "post_mixer_norm": 0.2,
@@ -51,7 +52,7 @@ class Watermark:
     """
 
     def __init__(self, cfg: Plamo2Config) -> None:
-        self.shapes = cfg.hf_tensor_shapes()
+        self.shapes = hf_tensor_shapes(cfg)
         self.offsets: dict[str, int] = {}
         cursor = 1  # 0 stays free: zero padding must never look like a real element
         for name in sorted(self.shapes):

@@ -27,8 +27,9 @@ from convert_expect import (
 )
 
 from plamo2_tools import __version__
-from plamo2_tools.model.config import Plamo2Config
-from plamo2_tools.model.synth import PRESETS, preset_config
+from plamo2_tools.model.plamo2.config import Plamo2Config
+from plamo2_tools.model.plamo2.presets import PRESETS
+from plamo2_tools.model.synth import preset_config
 from plamo2_tools.shards.manifest import MANIFEST_NAME
 
 # Every valid split of the issue: tp in {1, 2, 4 where valid, 8 for 1 < Hkv < tp} x pp in {1, 2, 3}
@@ -87,14 +88,15 @@ def test_every_rank_matches_the_spec(converted, make_checkpoint, preset: str, tp
 
 def test_pp_split_follows_vllm_get_pp_indices() -> None:
     """The examples of docs/model.md §4, through the converter's plan (not our helper)."""
-    from plamo2_tools.model.tensors import make_mapping
+    from plamo2_tools.model import family_of
+    from plamo2_tools.model.layout import make_mapping
 
     examples = {(16, 2): [8, 8], (16, 3): [5, 6, 5], (16, 4): [4, 4, 4, 4], (32, 3): [11, 11, 10],
                 (32, 5): [6, 6, 7, 7, 6], (32, 6): [5, 5, 5, 6, 6, 5], (16, 5): [3, 3, 3, 4, 3],
                 (5, 3): [2, 2, 1], (4, 3): [1, 2, 1]}  # fmt: skip
     for (layers, pp), counts in examples.items():
         cfg = Plamo2Config.from_dict({"model_type": "plamo2", **PRESETS["plamo-2-1b"], "num_hidden_layers": layers})
-        stages = make_mapping(cfg, 1, pp).stages
+        stages = make_mapping(family_of(cfg), cfg, 1, pp).stages
         assert [b - a for a, b in stages] == counts, (layers, pp)
         assert vllm_pp_counts(layers, pp) == counts  # keeps the test's own helper honest
 

@@ -14,7 +14,7 @@ from convert_expect import load_hf, load_rank
 from plamo2_tools.convert.engine import convert
 from plamo2_tools.convert.merge import merge
 from plamo2_tools.model.checkpoint import HFCheckpoint
-from plamo2_tools.model.reference import reference_logits
+from plamo2_tools.model.plamo2.reference import reference_logits
 from plamo2_tools.model.synth import preset_config
 
 

@@ -17,7 +17,7 @@ from plamo2_tools.convert.engine import convert
 from plamo2_tools.eval.gsm8k_task import Gsm8kData, load_gsm8k_data
 from plamo2_tools.eval.plamo2_lm import Plamo2LM
 from plamo2_tools.model.synth import synth
-from plamo2_tools.runtime.engine import Runtime
+from plamo2_tools.runtime.serving.engine import Runtime
 
 
 @pytest.fixture(autouse=True, scope="module")

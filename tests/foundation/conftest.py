@@ -14,8 +14,9 @@ import torch
 from typer.testing import CliRunner
 
 from plamo2_tools.cli import app
-from plamo2_tools.model.config import Plamo2Config
-from plamo2_tools.model.synth import PRESETS, random_tensor, synth, write_checkpoint
+from plamo2_tools.model.plamo2.config import Plamo2Config
+from plamo2_tools.model.plamo2.presets import PRESETS
+from plamo2_tools.model.synth import random_tensor, synth, write_checkpoint
 
 MakeCkpt = Callable[..., Path]
 

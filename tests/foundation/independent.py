@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from safetensors import safe_open
 
-# docs/model.md §3.1, written out again on purpose (not imported from plamo2_tools.model.config).
+# docs/model.md §3.1, written out again on purpose (not imported from plamo2_tools.model.plamo2.config).
 OFFSETS = {
     "pre_mixer_norm": 1.0,
     "post_mixer_norm": 0.2,

@@ -14,8 +14,9 @@ import torch
 from safetensors.torch import save_file
 
 from plamo2_tools.errors import CheckpointError, ConfigError
+from plamo2_tools.model import hf_tensor_shapes
 from plamo2_tools.model.checkpoint import HFCheckpoint
-from plamo2_tools.model.config import Plamo2Config
+from plamo2_tools.model.plamo2.config import Plamo2Config
 
 from .conftest import preset_raw
 
@@ -30,7 +31,7 @@ def cfg() -> Plamo2Config:
 @pytest.fixture
 def tensors(cfg: Plamo2Config) -> Tensors:
     g = torch.Generator().manual_seed(1)
-    return {n: torch.randn(s, generator=g) for n, s in cfg.hf_tensor_shapes().items()}
+    return {n: torch.randn(s, generator=g) for n, s in hf_tensor_shapes(cfg).items()}
 
 
 def write_dir(path: Path, cfg: Plamo2Config, files: dict[str, Tensors], index: dict | None = None) -> Path:

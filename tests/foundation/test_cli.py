@@ -14,9 +14,11 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from plamo2_tools.inspect import INSPECT_KIND, INSPECT_SCHEMA_VERSION
+from plamo2_tools.model import hf_tensor_shapes, num_parameters
 from plamo2_tools.model.checkpoint import HFCheckpoint
-from plamo2_tools.model.reference import reference_logits
-from plamo2_tools.model.synth import TINY_PRESETS, preset_config
+from plamo2_tools.model.plamo2.presets import TINY_PRESETS
+from plamo2_tools.model.plamo2.reference import reference_logits
+from plamo2_tools.model.synth import preset_config
 
 from .conftest import CliResult, MakeCkpt
 
@@ -42,21 +44,21 @@ def test_synth_inspect_logits(tmp_path: Path, cli: Cli, preset: str) -> None:
     r = cli("synth", out, "--preset", preset, "--seed", "17", "--json")
     assert r.exit_code == 0, r.stderr
     info = json.loads(r.stdout)
-    assert info["parameters"] == cfg.num_parameters() and info["preset"] == preset and info["seed"] == 17
+    assert info["parameters"] == num_parameters(cfg) and info["preset"] == preset and info["seed"] == 17
 
     r = cli("inspect", out, "--json")
     assert r.exit_code == 0, r.stderr
     info = json.loads(r.stdout)
     assert (info["kind"], info["schema_version"], info["format"]) == (INSPECT_KIND, INSPECT_SCHEMA_VERSION, "hf")
-    assert info["parameters"] == info["expected_parameters"] == cfg.num_parameters()
-    assert info["tensors"] == len(cfg.hf_tensor_shapes())
+    assert info["parameters"] == info["expected_parameters"] == num_parameters(cfg)
+    assert info["tensors"] == len(hf_tensor_shapes(cfg))
     assert info["inventory_problems"] == []
     assert [x["kind"] for x in info["layers"]] == list(cfg.layer_kinds)
     assert info["config"]["padded_vocab"] == cfg.padded_vocab and info["config"]["dt_rank"] == cfg.dt_rank
 
     r = cli("inspect", out)
     assert r.exit_code == 0, r.stderr
-    assert f"parameters: {cfg.num_parameters():,}" in r.stdout
+    assert f"parameters: {num_parameters(cfg):,}" in r.stdout
     assert "all tensors present" in r.stdout
 
     ids = [1, 0, cfg.vocab_size - 1, *range(5, 5 + 2 * cfg.attention_window_size)]

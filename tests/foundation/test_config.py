@@ -12,8 +12,10 @@ from typing import Any
 import pytest
 
 from plamo2_tools.errors import ConfigError, UserError
-from plamo2_tools.model.config import MIN_MAX_POSITIONS, REQUIRED_KEYS, Plamo2Config
-from plamo2_tools.model.synth import PRESETS, preset_config
+from plamo2_tools.model import hf_tensor_shapes, num_parameters
+from plamo2_tools.model.plamo2.config import MIN_MAX_POSITIONS, REQUIRED_KEYS, Plamo2Config
+from plamo2_tools.model.plamo2.presets import PRESETS
+from plamo2_tools.model.synth import preset_config
 
 from .conftest import preset_raw
 from .independent import hf_is_mamba
@@ -232,7 +234,7 @@ def test_mamba_disabled_means_all_attention_even_with_step_1() -> None:
     # HF returns False before asserting mamba_step > 1, so step 1 is fine without Mamba.
     cfg = parse(mamba_enabled=False, mamba_step=1, num_hidden_layers=3)
     assert cfg.layer_kinds == ("attention",) * 3
-    assert not any("mixer.in_proj" in n for n in cfg.hf_tensor_shapes())
+    assert not any("mixer.in_proj" in n for n in hf_tensor_shapes(cfg))
 
 
 def test_attention_window_per_layer() -> None:
@@ -247,14 +249,14 @@ def test_inventory_counts_per_layer_kind() -> None:
         cfg = preset_config(name)
         kinds = cfg.layer_kinds
         expected = 17 * kinds.count("mamba") + 10 * kinds.count("attention") + 2 + (not cfg.tie_word_embeddings)
-        assert len(cfg.hf_tensor_shapes()) == expected
+        assert len(hf_tensor_shapes(cfg)) == expected
 
 
 def test_plamo_2_1b_numbers() -> None:
     cfg = preset_config("plamo-2-1b")
-    shapes = cfg.hf_tensor_shapes()
-    assert cfg.num_parameters() == 1_291_441_920
-    assert cfg.num_parameters() * 4 == 5_165_767_680  # 5.166 GB float32
+    shapes = hf_tensor_shapes(cfg)
+    assert num_parameters(cfg) == 1_291_441_920
+    assert num_parameters(cfg) * 4 == 5_165_767_680  # 5.166 GB float32
     assert len(shapes) == 218
     assert (cfg.mamba_inner, cfg.dt_rank, cfg.padded_vocab) == (4096, 128, 100032)
     assert "lm_head.weight" not in shapes
@@ -269,12 +271,12 @@ def test_plamo_2_1b_numbers() -> None:
 
 def test_plamo_2_8b_and_translate_numbers() -> None:
     cfg = preset_config("plamo-2-8b")
-    assert cfg.num_parameters() == 9_118_372_864  # tied, V = 100000
-    assert len(cfg.hf_tensor_shapes()) == 434
+    assert num_parameters(cfg) == 9_118_372_864  # tied, V = 100000
+    assert len(hf_tensor_shapes(cfg)) == 434
     assert (cfg.mamba_inner, cfg.dt_rank) == (8192, 256)
     translate = dataclasses.replace(cfg, tie_word_embeddings=False, vocab_size=100032)
-    assert translate.num_parameters() == 9_528_235_008  # llama.cpp's "9.53 B"
-    assert len(translate.hf_tensor_shapes()) == 435  # GGUF tensor count
+    assert num_parameters(translate) == 9_528_235_008  # llama.cpp's "9.53 B"
+    assert len(hf_tensor_shapes(translate)) == 435  # GGUF tensor count
 
 
 # ---- from_file ------------------------------------------------------------------------------

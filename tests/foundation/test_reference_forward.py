@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from plamo2_tools.errors import UserError
-from plamo2_tools.model import reference
 from plamo2_tools.model.checkpoint import HFCheckpoint
+from plamo2_tools.model.plamo2 import reference
 
 from . import independent as ind
 from .conftest import MakeCkpt, preset_raw

@@ -7,7 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from plamo2_tools.model import reference, reference_ops
+from plamo2_tools.model import reference_ops
+from plamo2_tools.model.plamo2 import reference
 
 from . import independent as ind
 

@@ -11,9 +11,11 @@ import torch
 from safetensors import safe_open
 
 from plamo2_tools.errors import OutputExistsError, UserError
+from plamo2_tools.model import hf_tensor_shapes, num_parameters
 from plamo2_tools.model.checkpoint import HFCheckpoint
-from plamo2_tools.model.config import Plamo2Config
-from plamo2_tools.model.synth import TINY_PRESETS, preset_config, synth
+from plamo2_tools.model.plamo2.config import Plamo2Config
+from plamo2_tools.model.plamo2.presets import TINY_PRESETS
+from plamo2_tools.model.synth import preset_config, synth
 from plamo2_tools.outputs import RECORD_NAME
 from plamo2_tools.tokenizer import load_tokenizer
 
@@ -92,7 +94,7 @@ def test_multi_file_index(make_ckpt: MakeCkpt) -> None:
     path = make_ckpt("tiny-gqa", 0, files=3)
     index = json.loads((path / "model.safetensors.index.json").read_text())
     cfg = Plamo2Config.from_file(path)
-    shapes = cfg.hf_tensor_shapes()
+    shapes = hf_tensor_shapes(cfg)
     names = [f"model-{i:05d}-of-00003.safetensors" for i in (1, 2, 3)]
     assert sorted(p.name for p in path.glob("*.safetensors")) == names
     assert set(index["weight_map"]) == set(shapes)
@@ -103,7 +105,7 @@ def test_multi_file_index(make_ckpt: MakeCkpt) -> None:
             keys = set(f.keys())
             assert keys == {k for k, v in index["weight_map"].items() if v == name}
             total += sum(f.get_tensor(k).nbytes for k in keys)
-    assert index["metadata"]["total_size"] == total == 4 * cfg.num_parameters()
+    assert index["metadata"]["total_size"] == total == 4 * num_parameters(cfg)
     # The split changes the files, not the values.
     single = all_tensors(make_ckpt("tiny-gqa", 0))
     split = all_tensors(path)
@@ -205,5 +207,5 @@ def test_parameter_count_matches_files(make_ckpt: MakeCkpt) -> None:
         cfg = preset_config(preset)
         size = (make_ckpt(preset, 0) / "model.safetensors").stat().st_size
         # header + 4 bytes per parameter
-        assert 0 < size - 4 * cfg.num_parameters() < 64 * 1024
-        assert math.prod(cfg.hf_tensor_shapes()["model.embed_tokens.weight"]) == cfg.vocab_size * cfg.hidden_size
+        assert 0 < size - 4 * num_parameters(cfg) < 64 * 1024
+        assert math.prod(hf_tensor_shapes(cfg)["model.embed_tokens.weight"]) == cfg.vocab_size * cfg.hidden_size

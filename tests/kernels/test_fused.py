@@ -45,7 +45,7 @@ def test_bcdt_rms_norm(case) -> None:
 
 
 def test_qk_norm_rope_writes_the_cache(case) -> None:
-    from plamo2_tools.runtime.model import rope_cos_sin
+    from plamo2_tools.model.forward import rope_cos_sin
 
     ops, dtype = case
     T, Hq, Hkv, d, theta = 6, 4, 2, 32, 10000.0

@@ -24,8 +24,8 @@ from plamo2_tools.report.inputs import (
     collect,
     load,
 )
-from plamo2_tools.runtime.verify import VERIFY_KIND, VERIFY_SCHEMA_VERSION
 from plamo2_tools.shards.check import CHECK_KIND, CHECK_SCHEMA_VERSION
+from plamo2_tools.verify import VERIFY_KIND, VERIFY_SCHEMA_VERSION
 
 ROOT = Path(__file__).resolve().parents[2]
 WRITERS = {  # kind -> the version its writer writes today

@@ -10,7 +10,7 @@ from report_helpers import assert_png, assert_tables_well_formed, image_links, t
 
 from plamo2_tools.report import ReportResult, build_report
 from plamo2_tools.report.inputs import BENCH_CONVERT_KIND, BENCH_KERNELS_KIND
-from plamo2_tools.runtime.verify import VERIFY_KIND, VERIFY_SCHEMA_VERSION
+from plamo2_tools.verify import VERIFY_KIND, VERIFY_SCHEMA_VERSION
 
 
 def render(tmp_path: Path, *inputs: Path) -> tuple[str, ReportResult]:

@@ -10,7 +10,7 @@ import torch
 
 from plamo2_tools.convert.engine import convert
 from plamo2_tools.model.synth import preset_config, synth
-from plamo2_tools.runtime.verify import random_prompts, reference_outputs
+from plamo2_tools.verify import random_prompts, reference_outputs
 
 GREEDY_STEPS = 32
 

@@ -10,10 +10,11 @@ import pytest
 import torch
 
 from plamo2_tools.kernels import get_ops
-from plamo2_tools.model.tensors import ROW, TENSORS, VOCAB, layer_of
+from plamo2_tools.model import family_of
+from plamo2_tools.model.forward import Batch
+from plamo2_tools.model.layout import ROW, VOCAB, layer_of
 from plamo2_tools.parallel import RankInfo
-from plamo2_tools.runtime.model import Batch, RankModel, load_rank_weights
-from plamo2_tools.runtime.state import new_states
+from plamo2_tools.runtime.rank.weights import load_rank_weights
 from plamo2_tools.shards import load_manifest
 
 EMBEDDING = "<embedding lookup>"
@@ -54,13 +55,14 @@ class RecordingComm:
 
 def _expected(manifest, rank: int) -> list[tuple[str, str]]:
     """What the table says rank `rank` must communicate after, as (op, vLLM key) sorted."""
-    row = {k.vllm for k in TENSORS if k.split == ROW}
+    table = family_of(manifest.config).tensors
+    row = {k.vllm for k in table if k.split == ROW}
     out = []
     for key in manifest.entries[rank]:
         layer, rel = layer_of(key)
         if layer is not None and rel in row:
             out.append(("all_reduce", key))
-    vocab = {k.vllm for k in TENSORS if k.split == VOCAB}
+    vocab = {k.vllm for k in table if k.split == VOCAB}
     assert vocab == {"model.embed_tokens.weight", "lm_head.weight"}
     out.append(("all_reduce", EMBEDDING))  # the vocab-parallel lookup (no linear before it)
     out.append(("all_gather", "lm_head.weight"))  # vocab-parallel logits
@@ -84,7 +86,8 @@ def test_all_reduce_follows_exactly_the_row_split_weights(preset: str, shards, m
     monkeypatch.setattr(torch.nn.functional, "linear", traced)
     info = RankInfo(rank, manifest.mapping.tp, manifest.mapping.pp)
     comm = RecordingComm(info, last)
-    model = RankModel(manifest.config, manifest.mapping.stages[0], weights, get_ops("torch", "cpu"), comm)
+    family = family_of(manifest.config)
+    model = family.rank_model(manifest.config, manifest.mapping.stages[0], weights, get_ops("torch", "cpu"), comm)
     T = 5
     batch = Batch(
         input_ids=torch.arange(T) + 7,
@@ -95,8 +98,7 @@ def test_all_reduce_follows_exactly_the_row_split_weights(preset: str, shards, m
         has_state=torch.tensor([False]),
         decode=False,
     )
-    layers = [layer.index for layer in model.layers]
-    states = new_states(manifest.config, layers, model.sizes, 1, 16, model.dtype, torch.device("cpu"))
+    states = model.new_states(1, 16)
     model.forward(batch, states)
     got = sorted((op, key or EMBEDDING) for op, key in comm.calls)
     assert got == _expected(manifest, rank)

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from plamo2_tools.runtime.engine import Runtime
-from plamo2_tools.runtime.generation import PrefillGroup, make_requests
+from plamo2_tools.runtime.serving.engine import Runtime
+from plamo2_tools.runtime.serving.generation import PrefillGroup, make_requests
 
 pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():
@@ -90,8 +90,8 @@ def test_generate_with_graphs_equals_eager(gpu_shards) -> None:
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
 def test_tp2_graphs_on_nccl_ranks_equal_eager(shards) -> None:
-    from plamo2_tools.runtime.generation import generate_job
-    from plamo2_tools.runtime.launch import launch
+    from plamo2_tools.runtime.process.launch import launch
+    from plamo2_tools.runtime.serving.generation import generate_job
 
     path = shards("tiny-gqa", 2, 1, "bfloat16")
     seqs = prompts(515, [4, 19, 33])

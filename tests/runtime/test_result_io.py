@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from plamo2_tools.eval.harness import EvalOutcome
-from plamo2_tools.runtime.launch import load_result, save_result
-from plamo2_tools.runtime.result_io import DATACLASS, tensors_path
+from plamo2_tools.runtime.process.launch import load_result, save_result
+from plamo2_tools.runtime.process.result_io import DATACLASS, tensors_path
 
 
 def roundtrip(value: object, tmp_path: Path) -> object:

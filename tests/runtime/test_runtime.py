@@ -7,23 +7,17 @@ import json
 import pytest
 import torch
 
+from plamo2_tools.model.registry import valid_layouts as layouts_of
 from plamo2_tools.model.synth import preset_config
-from plamo2_tools.model.tensors import pp_problems, tp_problems
-from plamo2_tools.runtime.engine import Runtime
-from plamo2_tools.runtime.jobs import run_job, runtime_outputs
-from plamo2_tools.runtime.verify import THRESHOLDS, compare, judge, verify
+from plamo2_tools.runtime.process.jobs import run_job
+from plamo2_tools.runtime.serving.engine import Runtime
+from plamo2_tools.verify import THRESHOLDS, compare, judge, runtime_outputs, verify
 
 GREEDY_STEPS = 32  # the reference fixture's continuation length (conftest.py)
 
 
 def valid_layouts(preset: str, max_ranks: int = 8) -> list[tuple[int, int]]:
-    cfg = preset_config(preset)
-    return [
-        (tp, pp)
-        for tp in (1, 2, 4, 8)
-        for pp in range(1, cfg.num_hidden_layers + 1)
-        if tp * pp <= max_ranks and not tp_problems(cfg, tp) and not pp_problems(cfg, pp)
-    ]
+    return layouts_of(preset_config(preset), max_ranks)
 
 
 LAYOUTS = [(p, tp, pp) for p in ("tiny", "tiny-gqa", "tiny-edge", "tiny-2.1") for tp, pp in valid_layouts(p)]
@@ -110,7 +104,7 @@ def test_chunked_prefill_equals_one_shot(shards, prompts, chunk):
 def test_window_crossed_in_decode_matches_reference(shards, checkpoints):
     """Prompt and continuation far past the 12-token window of `tiny`: the reference (HF window
     semantics: self + 12 previous keys) and the runtime still agree token for token."""
-    from plamo2_tools.runtime.verify import reference_outputs
+    from plamo2_tools.verify import reference_outputs
 
     prompt = [[1] + [(i * 37) % 997 + 1 for i in range(30)]]
     ref = reference_outputs(checkpoints["tiny"], prompt, 24, torch.float64)

@@ -1,7 +1,7 @@
 """The runtime on shards against the second, independent forward (tests/foundation/independent.py),
-not only against `plamo2_tools.model.reference`.
+not only against `plamo2_tools.model.plamo2.reference`.
 
-The reference forward, the converter and the runtime share plamo2_tools.model.config (norm offsets,
+The reference forward, the converter and the runtime share plamo2_tools.model.plamo2.config (norm offsets,
 eps, RoPE base, layer kinds): a wrong constant there moves all three together, and comparing the
 runtime with the reference cannot see it.  The independent forward spells PLaMo 2 out again from
 the spec, importing nothing from plamo2_tools, so such a constant shows up here.
@@ -17,9 +17,9 @@ from types import ModuleType
 import pytest
 import torch
 
+from plamo2_tools.model.registry import valid_layouts
 from plamo2_tools.model.synth import preset_config
-from plamo2_tools.model.tensors import pp_problems, tp_problems
-from plamo2_tools.runtime.engine import Runtime
+from plamo2_tools.runtime.serving.engine import Runtime
 
 STEPS = 8  # greedy tokens compared per prompt (each one a full float64 forward of the independent model)
 MAX_REL_ERR = 1e-4  # the fp32 threshold of `verify` (runtime/verify.py THRESHOLDS)
@@ -43,8 +43,7 @@ def layouts(preset: str) -> list[tuple[int, int]]:
     """TP1xPP1 and the largest valid split of at most 4 ranks, TP and PP together where the preset
     allows it: the one-rank path and the tensor- and pipeline-parallel paths of the runtime."""
     cfg = preset_config(preset)
-    valid = [(tp, pp) for tp in (1, 2, 4) for pp in (1, 2, 3, 4)
-             if tp * pp <= 4 and not tp_problems(cfg, tp) and not pp_problems(cfg, pp)]  # fmt: skip
+    valid = [(tp, pp) for tp, pp in valid_layouts(cfg, 4, (1, 2, 4)) if pp <= 4]
     return sorted({(1, 1), max(valid, key=lambda x: (x[0] * x[1], min(x), x[0]))})
 
 

@@ -20,17 +20,17 @@ import pytest
 import torch
 
 from plamo2_tools.model.synth import preset_config
-from plamo2_tools.runtime.launch import load_result
-from plamo2_tools.runtime.verify import THRESHOLDS, compare, judge, random_prompts, reference_outputs
+from plamo2_tools.runtime.process.launch import load_result
+from plamo2_tools.verify import THRESHOLDS, compare, judge, random_prompts, reference_outputs
 
 STEPS = 4  # greedy decode steps: enough to pass through the state-update kernels, cheap when interpreted
 
 CHILD = """
 import json, sys
 from pathlib import Path
-from plamo2_tools.runtime.engine import Runtime
-from plamo2_tools.runtime.jobs import runtime_outputs
-from plamo2_tools.runtime.launch import save_result
+from plamo2_tools.runtime.serving.engine import Runtime
+from plamo2_tools.verify import runtime_outputs
+from plamo2_tools.runtime.process.launch import save_result
 
 shards, prompts, steps, out = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[4])
 with Runtime(shards, device="cpu", backend="triton", mode="local") as rt:

@@ -16,15 +16,15 @@ from typing import Any
 
 import torch
 
-from ..dtypes import dtype_name
-from ..errors import EnvironmentLimitError, UserError
-from ..model.checkpoint import HFCheckpoint
-from ..model.reference import reference_logits
-from ..shards.integrity import verify_rank_files
-from ..shards.manifest import load_manifest
-from ..shards.owned import ensure_readable_checkpoint
-from .engine import load_tokenizer
-from .jobs import run_job, runtime_outputs
+from .dtypes import dtype_name
+from .errors import UserError, os_error
+from .model import hf_tensor_shapes
+from .model.checkpoint import HFCheckpoint
+from .runtime.process.jobs import run_job
+from .runtime.serving.engine import Runtime, load_tokenizer
+from .shards.integrity import verify_rank_files
+from .shards.manifest import load_manifest
+from .shards.owned import ensure_readable_checkpoint
 
 # Pass criteria by shard dtype.  fp32 must agree to accumulated fp32 rounding and give the same
 # greedy tokens.  Half precision rounds every activation (bf16: 8-bit significand, relative step
@@ -80,7 +80,7 @@ def prompts_from_file(path: Path, tokenizer_dir: Path) -> list[list[int]]:
     except UnicodeDecodeError:
         raise UserError(f"--prompts {path}: not text (UTF-8)") from None
     except OSError as e:
-        raise EnvironmentLimitError(f"--prompts {path}: cannot read ({e.strerror or e})") from None
+        raise os_error(e, f"--prompts {path}: cannot read") from None
     if not lines:
         raise UserError(f"{path}: no prompts")
     prompts: list[list[int]] = []
@@ -112,6 +112,14 @@ def verify_work(layouts: int, max_new_tokens: int) -> int:
     return max(1, max_new_tokens) + layouts * max_new_tokens
 
 
+def runtime_outputs(rt: Runtime, prompts: list[list[int]], max_new_tokens: int) -> dict[str, Any]:
+    """What verify compares (a job: it runs on thread or torchrun ranks): logits of every prompt
+    position and a greedy continuation with its per-step logits."""
+    logits = rt.prompt_logits(prompts)
+    gen = rt.generate(prompts, max_new_tokens, return_logits=True)
+    return {"prompt_logits": logits, "tokens": gen.tokens, "step_logits": gen.logits}
+
+
 def reference_outputs(
     src: Path,
     prompts: list[list[int]],
@@ -119,11 +127,17 @@ def reference_outputs(
     precision: torch.dtype,
     device: str = "cpu",
     progress: Callable[[int], None] | None = None,
+    forward_options: dict[str, Any] | None = None,
 ) -> ReferenceOutputs:
     """Prompt logits and a greedy continuation, each step a full forward of the reference."""
     with HFCheckpoint(src) as ckpt:
         ckpt.check_inventory()
-        prompt_logits = reference_logits(ckpt, prompts, precision, device)
+        options = ckpt.family.check_runtime_options(forward_options or {})
+
+        def reference_logits(seqs: list[list[int]]) -> list[torch.Tensor]:
+            return ckpt.family.reference_logits(ckpt, seqs, precision, device, **options)
+
+        prompt_logits = reference_logits(prompts)
         if progress:
             progress(1)
         current = [list(p) for p in prompts]
@@ -134,7 +148,7 @@ def reference_outputs(
                 steps[i].append(lg)
                 current[i].append(int(lg.argmax()))
             if k < max_new_tokens - 1:
-                last = [lg[-1] for lg in reference_logits(ckpt, current, precision, device)]
+                last = [lg[-1] for lg in reference_logits(current)]
                 if progress:
                     progress(1)
     tokens = [c[len(p) :] for c, p in zip(current, prompts, strict=True)]
@@ -210,12 +224,7 @@ def judge(metrics: dict[str, Any], thresholds: dict[str, float]) -> list[str]:
 
 
 def shard_dtype(shards: Path) -> str:
-    m = load_manifest(shards)
-    for entries in m.entries.values():
-        for key, e in entries.items():
-            if key.endswith("mlp.gate_up_proj.weight"):
-                return dtype_name(e.tensor.dtype)
-    raise UserError(f"{shards}: no decoder layer in the manifest")
+    return dtype_name(load_manifest(shards).activation_dtype)
 
 
 def runtime_outputs_for(
@@ -226,10 +235,11 @@ def runtime_outputs_for(
     device: str,
     backend: str,
     prefill_chunk: int | None,
+    forward_options: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     # verify() has checked every file against its manifest already: the runtime need not hash them again.
     runtime = {"shards": str(shards), "device": device, "backend": backend, "prefill_chunk": prefill_chunk,
-               "verify_files": False}  # fmt: skip
+               "verify_files": False, "forward_options": forward_options or {}}  # fmt: skip
     return run_job(runtime_outputs, runtime, {"prompts": prompts, "max_new_tokens": max_new_tokens}, launch)
 
 
@@ -247,9 +257,11 @@ def verify(
     reference_device: str = "cpu",
     verify_files: bool = True,
     progress: Callable[[int], None] | None = None,
+    forward_options: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """`progress` is called with 1 per reference forward and max_new_tokens per finished layout
-    (`verify_work` is the total)."""
+    (`verify_work` is the total); `forward_options` (the family's, e.g. PLaMo 3's window
+    convention) apply to the reference and the runtime alike and are recorded in the result."""
     if precision not in ("float64", "float32"):
         raise UserError("--precision must be float64 or float32")
     manifests = [load_manifest(s) for s in shards]
@@ -257,17 +269,18 @@ def verify(
     with HFCheckpoint(reference) as ckpt:
         ckpt.check_inventory()
         ref_cfg = ckpt.config
+        options = ckpt.family.check_runtime_options(forward_options or {})
     for s, m in zip(shards, manifests, strict=True):
-        if m.config.hf_tensor_shapes() != ref_cfg.hf_tensor_shapes():
+        if hf_tensor_shapes(m.config) != hf_tensor_shapes(ref_cfg):
             raise UserError(f"{s} was not converted from a checkpoint shaped like {reference}")
     for m in manifests:  # a damaged layout stops us before the (long) reference forward
         verify_rank_files(m, range(m.mapping.world_size), digests=verify_files)
     ref = reference_outputs(
-        reference, prompts, max_new_tokens, getattr(torch, precision), reference_device, progress=progress
+        reference, prompts, max_new_tokens, getattr(torch, precision), reference_device, progress, options
     )
     layouts = []
     for s, m in zip(shards, manifests, strict=True):
-        rt = runtime_outputs_for(s, prompts, max_new_tokens, launch, device, backend, prefill_chunk)
+        rt = runtime_outputs_for(s, prompts, max_new_tokens, launch, device, backend, prefill_chunk, options)
         if progress:
             progress(max_new_tokens)
         metrics = compare(ref, rt)
@@ -283,6 +296,7 @@ def verify(
         "kind": VERIFY_KIND,
         "schema_version": VERIFY_SCHEMA_VERSION,
         "reference": {"path": str(reference), "precision": precision, "device": reference_device},
+        "forward_options": options,
         "prompts": {"count": len(prompts), "lengths": [len(p) for p in prompts], "source": prompt_source},
         "max_new_tokens": max_new_tokens,
         "layouts": layouts,

@@ -1,4 +1,5 @@
-"""The collectives a rank needs, behind one small interface with two implementations:
+"""The collectives a rank needs (the `Comm` interface of model/forward.py), with two implementations,
+and the process-group set-up of real ranks:
 
 - `DistComm`: real ranks under torchrun, torch.distributed (gloo on CPU, NCCL on GPU);
 - `LocalComm`: every rank a thread of one process; all-reduce sums the TP ranks' partial results
@@ -11,37 +12,56 @@ vocab-parallel embedding), TP all-gather (vocab-parallel logits), the PP hand-ov
 
 from __future__ import annotations
 
+import datetime
 import os
 import queue
 import threading
-from typing import Protocol
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from ..parallel import RankInfo, stage_groups
+from ...errors import UserError
+from ...parallel import RankInfo, stage_groups
 
 Tensor = torch.Tensor
 
 
-class Comm(Protocol):
-    info: RankInfo
+def init_distributed(device: str) -> tuple[int, int, torch.device]:
+    """Join the torchrun world: NCCL on GPUs (one per local rank), gloo on CPU."""
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    if device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise UserError("--device cuda but no CUDA device is visible")
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        if local_world > torch.cuda.device_count():
+            raise UserError(
+                f"{local_world} ranks on this node but {torch.cuda.device_count()} GPU(s): NCCL needs one GPU per rank "
+                "(run without --launch to put all ranks on one GPU as threads)"
+            )
+        dev = torch.device("cuda", local)
+        torch.cuda.set_device(dev)
+        backend = "nccl"
+    else:
+        dev, backend = torch.device("cpu"), "gloo"
+    if not dist.is_initialized():
+        kwargs: dict[str, Any] = {"backend": backend, "timeout": datetime.timedelta(minutes=30)}
+        if backend == "nccl":
+            kwargs["device_id"] = dev
+        dist.init_process_group(**kwargs)
+    return rank, world, dev
 
-    def all_reduce(self, x: Tensor) -> Tensor: ...
 
-    def all_gather(self, x: Tensor, dim: int) -> Tensor: ...
-
-    def send_next(self, tensors: list[Tensor]) -> None: ...
-
-    def recv_prev(self, like: list[Tensor]) -> list[Tensor]: ...
-
-    def broadcast_from_last(self, x: Tensor) -> Tensor: ...
-
-    def barrier(self) -> None: ...
+def shutdown_distributed() -> None:
+    """Leave the world cleanly: without it gloo's threads abort the process at exit."""
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 class DistComm:
-    """torch.distributed; the caller has run init_process_group (see runtime.launch)."""
+    """torch.distributed; the caller has run `init_distributed`."""
 
     def __init__(self, info: RankInfo) -> None:
         self.info = info

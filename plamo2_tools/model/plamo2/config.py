@@ -7,12 +7,10 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from ..errors import ConfigError
-
-if TYPE_CHECKING:
-    from .variants import Variant
+from ...errors import ConfigError
+from ..layout import padded_vocab
 
 REQUIRED_KEYS = (
     "hidden_size",
@@ -102,7 +100,7 @@ class Plamo2Config:
     @property
     def padded_vocab(self) -> int:
         """Vp = ceil(V / 64) * 64, vLLM's VocabParallelEmbedding padding."""
-        return math.ceil(self.vocab_size / 64) * 64
+        return padded_vocab(self.vocab_size)
 
     @property
     def lm_head_rows(self) -> int:
@@ -136,27 +134,12 @@ class Plamo2Config:
         return self.rope_local_theta
 
     @property
-    def variant(self) -> Variant:
-        from .variants import detect_variant  # the registry reads configs
-
-        return detect_variant(self)
-
-    @property
     def eos_token_ids(self) -> tuple[int, ...]:
         if self.eos_token_id is None:
             return ()
         if isinstance(self.eos_token_id, int):
             return (self.eos_token_id,)
         return tuple(self.eos_token_id)
-
-    # ---- the tensor inventory of an HF checkpoint (the table in model/tensors.py) -------------
-    def hf_tensor_shapes(self) -> dict[str, tuple[int, ...]]:
-        from .tensors import hf_tensor_shapes  # the table imports this module
-
-        return hf_tensor_shapes(self)
-
-    def num_parameters(self) -> int:
-        return sum(math.prod(s) for s in self.hf_tensor_shapes().values())
 
     # ---- I/O ---------------------------------------------------------------------------------
     @classmethod

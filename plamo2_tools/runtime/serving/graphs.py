@@ -17,17 +17,12 @@ rank; thread ranks (`LocalComm`) synchronise on the host and run eager.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
-from .comm import DistComm
-from .model import Batch
+from ...model.forward import Batch, LayerState
+from ..rank.comm import DistComm
+from .core import RankCore
 from .sampling import select_tokens
-from .state import LayerState
-
-if TYPE_CHECKING:
-    from .engine import RankEngine
 
 Tensor = torch.Tensor
 Sampling = tuple[float, float]  # (temperature, top_p); (0, 1) is greedy
@@ -42,7 +37,7 @@ def buckets(slots: int) -> list[int]:
     return [*out, slots]
 
 
-def graphs_possible(engine: RankEngine) -> bool:
+def graphs_possible(engine: RankCore) -> bool:
     """CUDA, and every collective of the step is a device operation (see module doc)."""
     info = engine.comm.info
     return engine.device.type == "cuda" and (info.world_size == 1 or isinstance(engine.comm, DistComm))
@@ -51,11 +46,11 @@ def graphs_possible(engine: RankEngine) -> bool:
 class DecodeRunner:
     """Static buffers, state pool and (optionally) captured graphs of one rank's decode step."""
 
-    def __init__(self, engine: RankEngine, slots: int, capacity: int, use_graphs: bool) -> None:
+    def __init__(self, engine: RankCore, slots: int, capacity: int, use_graphs: bool) -> None:
         self.engine, self.slots, self.capacity = engine, slots, capacity
         self.use_graphs = use_graphs and graphs_possible(engine)
         dev, info = engine.device, engine.comm.info
-        self.states = engine._states(slots, capacity)
+        self.states = engine.new_states(slots, capacity)
         zeros = {"dtype": torch.long, "device": dev}
         self.ids, self.pos = torch.zeros(slots, **zeros), torch.zeros(slots, **zeros)
         self.keys, self.steps = torch.zeros(slots, **zeros), torch.zeros(slots, **zeros)
@@ -63,7 +58,7 @@ class DecodeRunner:
         self.seq_index = torch.arange(slots, **zeros)
         self.cu = torch.arange(slots + 1, dtype=torch.int32, device=dev)
         self.has_state = torch.ones(slots, dtype=torch.bool, device=dev)
-        D, dtype = engine.cfg.hidden_size, engine.model.dtype
+        D, dtype = engine.model.hidden_size, engine.model.dtype
         self.h_in = None if info.is_first_stage else torch.zeros(slots, D, dtype=dtype, device=dev)
         self.r_in = None if info.is_first_stage else torch.zeros(slots, D, dtype=dtype, device=dev)
         self.graphs: dict[tuple[int, Sampling], tuple[torch.cuda.CUDAGraph, tuple[Tensor, ...]]] = {}

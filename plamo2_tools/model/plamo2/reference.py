@@ -7,13 +7,13 @@ window semantics, weights streamed one layer at a time so memory stays at one la
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from ..errors import UserError
-from . import reference_ops as ops
-from .checkpoint import HFCheckpoint
+from ...errors import UserError
+from .. import reference_ops as ops
 from .config import FINAL_NORM_OFFSET, NORM_OFFSETS, Plamo2Config
 
 QK_NORM_EPS = 1e-6  # hard-coded in HF's remote code (vLLM uses rms_norm_eps; equal in every release)
@@ -87,7 +87,7 @@ def decoder_layer(h: torch.Tensor, w: dict[str, torch.Tensor], cfg: Plamo2Config
 
 
 def layer_weights(
-    ckpt: HFCheckpoint, layer: int, dtype: torch.dtype, device: torch.device | str = "cpu"
+    ckpt: Any, layer: int, dtype: torch.dtype, device: torch.device | str = "cpu"
 ) -> dict[str, torch.Tensor]:
     prefix = f"model.layers.layers.{layer}."
     return {
@@ -99,7 +99,7 @@ def layer_weights(
 
 @torch.no_grad()
 def reference_logits(
-    ckpt: HFCheckpoint,
+    ckpt: Any,  # model.checkpoint.HFCheckpoint
     sequences: Sequence[Sequence[int]],
     dtype: torch.dtype = torch.float64,
     device: torch.device | str = "cpu",

@@ -7,16 +7,17 @@ from __future__ import annotations
 import os
 import warnings
 
-import torch
-
 from ..errors import EnvironmentLimitError, UserError
 
-BACKENDS = ("auto", "torch", "triton")
+BACKENDS = ("auto", "torch", "triton")  # auto: Triton on CUDA devices when it imports, else PyTorch
+DEVICES = ("cpu", "cuda", "cuda:N")
 
 
 def check_device(device: str, option: str = "--device") -> None:
     """cpu, cuda or cuda:N; exit 2 for a name that is not a device we run on, 3 for one that this
     machine does not have (with why not)."""
+    import torch
+
     try:
         dev = torch.device(device)
     except (RuntimeError, TypeError):
@@ -35,6 +36,8 @@ def check_device(device: str, option: str = "--device") -> None:
 
 def cuda_unavailable_reason() -> str | None:
     """None when CUDA works; otherwise the likeliest reason, in words."""
+    import torch
+
     if torch.version.cuda is None and getattr(torch.version, "hip", None) is None:
         return f"this PyTorch {torch.__version__} is a CPU-only build; install a CUDA build of torch"
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
@@ -54,6 +57,8 @@ def check_backend(backend: str, device: str) -> None:
         raise UserError(f"--backend {backend!r} is not a kernel backend (choose {', '.join(BACKENDS)})")
     if backend != "triton":
         return
+    import torch
+
     if torch.device(device).type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
         raise UserError(
             f"--backend triton runs on CUDA devices, not --device {device} (use --backend torch or auto on the CPU; "

@@ -6,12 +6,11 @@ are threads of this process, or, with `launch=True`, on fresh torchrun ranks (on
 rank, gloo on CPU, NCCL on GPU), where every rank runs the same job on its own rank of the
 runtime and rank 0's return value comes back.  Verify and eval both go through here.
 
-Worker side: `python -m plamo2_tools.runtime.jobs JOB.json` (started by `launch.launch`).
+Worker side: `python -m plamo2_tools.runtime.process.jobs JOB.json` (started by `launch.launch`).
 """
 
 from __future__ import annotations
 
-import importlib
 import json
 import sys
 import traceback
@@ -19,20 +18,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ..errors import Plamo2Error
-from ..shards import load_manifest
-from ..shards.integrity import verify_rank_files
-from .engine import Runtime
+from ...errors import Plamo2Error
+from ...shards import load_manifest
+from ...shards.integrity import verify_rank_files
+from ..serving.engine import Runtime
+from .launch import launch as launch_ranks
+from .launch import resolve_job, save_result
 
 T = TypeVar("T")
-
-
-def runtime_outputs(rt: Runtime, prompts: list[list[int]], max_new_tokens: int) -> dict[str, Any]:
-    """What verify compares: logits of every prompt position and a greedy continuation with its
-    per-step logits."""
-    logits = rt.prompt_logits(prompts)
-    gen = rt.generate(prompts, max_new_tokens, return_logits=True)
-    return {"prompt_logits": logits, "tokens": gen.tokens, "step_logits": gen.logits}
 
 
 def run_job(
@@ -45,8 +38,6 @@ def run_job(
     """`job(Runtime(**runtime), **args)`: in this process (its ranks as threads, or, when this
     process is itself one torchrun rank, that rank), or on fresh torchrun ranks with `launch`."""
     if launch:
-        from .launch import launch as launch_ranks
-
         manifest = load_manifest(runtime["shards"])
         world = manifest.mapping.world_size
         # Checked here, once, so that a bad file is one line from this process before any rank
@@ -59,22 +50,7 @@ def run_job(
         return job(rt, **args)
 
 
-def job_name(job: Callable[..., Any]) -> str:
-    """How a worker finds the job again: 'module:qualname' of a module-level function."""
-    name = f"{job.__module__}:{job.__qualname__}"
-    if "<" in job.__qualname__:
-        raise ValueError(f"{name}: a job must be a module-level function (workers import it)")
-    return name
-
-
-def _resolve(name: str) -> Callable[..., Any]:
-    module, _, func = name.partition(":")
-    return getattr(importlib.import_module(module), func)
-
-
 def main(spec_path: str) -> int:
-    from .launch import save_result
-
     spec = json.loads(Path(spec_path).read_text())
     args = dict(spec["args"])
     runtime_args = args.pop("runtime")
@@ -82,7 +58,7 @@ def main(spec_path: str) -> int:
     try:
         with Runtime(mode="dist", **runtime_args) as rt:
             rank = rt.rank
-            result = _resolve(spec["job"])(rt, **args)
+            result = resolve_job(spec["job"])(rt, **args)
             if rt.is_main:
                 save_result(result, Path(spec["result"]))
         return 0

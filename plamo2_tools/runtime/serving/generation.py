@@ -22,16 +22,14 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
+from .core import RankCore
 from .graphs import DecodeRunner, Sampling
 from .sampling import request_key, select_tokens
 from .scheduler import OnToken, Request, Scheduler, StopFn
-
-if TYPE_CHECKING:
-    from .engine import RankEngine
 
 Tensor = torch.Tensor
 RING_ROWS = 64  # host rows for token copies in flight; must exceed 2 * sync_every + 2
@@ -89,10 +87,10 @@ class PrefillGroup:
     nothing is copied until the group is loaded into its slots.
     """
 
-    def __init__(self, engine: RankEngine, reqs: list[Request], chunk: int | None, budget: int | None) -> None:
+    def __init__(self, engine: RankCore, reqs: list[Request], chunk: int | None, budget: int | None) -> None:
         self.engine, self.reqs, self.chunk, self.budget = engine, reqs, chunk, budget
         self.done = [0] * len(reqs)
-        self.states = engine._states(len(reqs), max(len(r.prompt) for r in reqs))
+        self.states = engine.new_states(len(reqs), max(len(r.prompt) for r in reqs))
         V = engine.cfg.vocab_size
         last = engine.comm.info.is_last_stage
         self.logits = torch.empty(len(reqs), V, dtype=torch.float32, device=engine.device) if last else None
@@ -121,7 +119,7 @@ class PrefillGroup:
         ends = [s + len(c) == len(self.reqs[a + j].prompt) for j, (s, c) in enumerate(zip(starts, chunks, strict=True))]
         offsets = torch.tensor([0] + [len(c) for c in chunks]).cumsum(0).tolist()
         want = [offsets[j + 1] - 1 for j, e in enumerate(ends) if e]
-        batch = self.engine._batch(chunks, starts, decode=False, logits_index=want)
+        batch = self.engine.batch(chunks, starts, decode=False, logits_index=want)
         if self.engine.timer is not None:
             self.engine.timer.counts["prefill_tokens"] += sum(map(len, chunks))
         logits = self.engine.model.forward(batch, {i: st.rows(a, b) for i, st in self.states.items()})
@@ -137,7 +135,7 @@ class GenerationLoop:
 
     def __init__(
         self,
-        engine: RankEngine,
+        engine: RankCore,
         runner: DecodeRunner,
         requests: list[Request],
         sampling: Sampling,
@@ -227,7 +225,7 @@ class GenerationLoop:
             host.copy_(tokens)
         kept = None
         if self.options.return_logits:
-            kept = self.engine._share(logits, (tokens.shape[0], self.engine.cfg.vocab_size), torch.float32).cpu()
+            kept = self.engine.share(logits, (tokens.shape[0], self.engine.cfg.vocab_size), torch.float32).cpu()
         self.sched.record(host, event, owners, kept)
 
     def _load(self, group: PrefillGroup) -> None:
@@ -239,7 +237,7 @@ class GenerationLoop:
             keys = torch.tensor([r.key for r in reqs], dtype=torch.long, device=eng.device)
             steps = torch.zeros(n, dtype=torch.long, device=eng.device)
             first = select_tokens(group.logits, keys, steps, *self.sampling)
-        first = eng._share(first, (n,), torch.long)
+        first = eng.share(first, (n,), torch.long)
         slots = [r.slot for r in reqs if r.slot is not None]
         assert len(slots) == n
         self.runner.admit(slots, group.states, first, [len(r.prompt) for r in reqs], [r.key for r in reqs])

@@ -19,21 +19,21 @@ from typing import Any
 
 import torch
 
-from ..errors import UserError
-from ..kernels import get_ops
-from ..model.config import Plamo2Config
-from ..parallel import RankInfo
-from ..shards.integrity import verify_rank_files
-from ..shards.manifest import Manifest, load_manifest
-from .comm import Comm, DistComm, LocalComm, LocalWorld
-from .generation import GenerateOptions, GenerationLoop, PhaseTimer, make_requests
+from ...errors import UserError
+from ...kernels import get_ops
+from ...model import family_of
+from ...model.forward import Comm, LayerState
+from ...parallel import RankInfo
+from ...shards.integrity import verify_rank_files
+from ...shards.manifest import Manifest, load_manifest
+from ..rank.comm import DistComm, LocalComm, LocalWorld, init_distributed, shutdown_distributed
+from ..rank.weights import load_rank_weights
+from .core import RankCore
+from .generation import GenerateOptions, GenerationLoop, make_requests
 from .graphs import DecodeRunner
-from .model import Batch, RankModel, load_rank_weights
-from .state import LayerState, new_states
 
 Tensor = torch.Tensor
 StopFn = Callable[[int, list[int]], bool]
-DEFAULT_PREFILL_TOKENS = 32768
 
 
 @dataclass
@@ -42,7 +42,7 @@ class Generation:
     logits: list[Tensor] | None = None  # per sequence (steps, V) float32, when asked for
 
 
-class RankEngine:
+class RankEngine(RankCore):
     """One rank's model and the driver loop around it."""
 
     def __init__(
@@ -54,45 +54,18 @@ class RankEngine:
         prefill_chunk: int | None,
         cuda_graph: bool = True,
         prefill_tokens: int | None = None,
+        forward_options: dict[str, Any] | None = None,
     ) -> None:
         info = comm.info
-        self.cfg: Plamo2Config = manifest.config
-        self.comm, self.device, self.prefill_chunk = comm, device, prefill_chunk
-        self.cuda_graph = cuda_graph
-        # Prompt tokens per prefill forward in generate: large forwards keep the GPU's matmuls
-        # efficient; on the CPU there is nothing to gain from splitting.
-        self.prefill_tokens = prefill_tokens or (DEFAULT_PREFILL_TOKENS if device.type == "cuda" else None)
-        self.decode_runner: DecodeRunner | None = None
-        self.timer: PhaseTimer | None = None  # benchmarks: device time of prefill and decode
-        self.ops = get_ops(backend, device)
+        cfg = manifest.config
+        ops = get_ops(backend, device)
         weights = load_rank_weights(manifest, info.rank, device)
-        self.model = RankModel(self.cfg, manifest.mapping.stages[info.pp_rank], weights, self.ops, comm)
-        self.layers = [layer.index for layer in self.model.layers]
-
-    # ---- building batches ----------------------------------------------------------------------
-    def _batch(self, chunks: list[list[int]], starts: list[int], decode: bool, logits_index: list[int] | None) -> Batch:
-        dev = self.device
-        lens = [len(c) for c in chunks]
-        ids = torch.tensor([t for c in chunks for t in c], dtype=torch.long, device=dev)
-        positions = torch.tensor(
-            [s + j for s, n in zip(starts, lens, strict=True) for j in range(n)], dtype=torch.long, device=dev
-        )
-        seq_index = torch.repeat_interleave(torch.arange(len(chunks), device=dev), torch.tensor(lens, device=dev))
-        cu = torch.zeros(len(chunks) + 1, dtype=torch.int32, device=dev)
-        cu[1:] = torch.tensor(lens, device=dev).cumsum(0)
-        return Batch(
-            input_ids=ids,
-            positions=positions,
-            seq_index=seq_index,
-            cu_seqlens=cu,
-            kv_lens=torch.tensor([s + n for s, n in zip(starts, lens, strict=True)], dtype=torch.int32, device=dev),
-            has_state=torch.tensor([s > 0 for s in starts], dtype=torch.bool, device=dev),
-            decode=decode,
-            logits_index=None if logits_index is None else torch.tensor(logits_index, dtype=torch.long, device=dev),
-        )
-
-    def _states(self, batch: int, capacity: int) -> dict[int, LayerState]:
-        return new_states(self.cfg, self.layers, self.model.sizes, batch, capacity, self.model.dtype, self.device)
+        model = family_of(cfg).rank_model(
+            cfg, manifest.mapping.stages[info.pp_rank], weights, ops, comm, dtype=manifest.activation_dtype,
+            **(forward_options or {}),
+        )  # fmt: skip
+        super().__init__(model, cfg, comm, device, ops, prefill_chunk, cuda_graph, prefill_tokens)
+        self.decode_runner: DecodeRunner | None = None
 
     def _prefill(self, seqs: Sequence[Sequence[int]], states: dict[int, LayerState], all_logits: bool) -> Tensor | None:
         """Run the prompts in chunks of at most `prefill_chunk` tokens per sequence.
@@ -112,7 +85,7 @@ class RankEngine:
             else:  # the last prompt token of the sequences that end in this chunk
                 offsets = torch.tensor([0] + [len(c) for c in chunks]).cumsum(0).tolist()
                 want = [offsets[j + 1] - 1 for j, e in enumerate(ends) if e]
-            batch = self._batch(chunks, [start] * len(active), decode=False, logits_index=want)
+            batch = self.batch(chunks, [start] * len(active), decode=False, logits_index=want)
             if len(active) == len(seqs):
                 logits = self.model.forward(batch, states)
             else:  # a subset of the batch: run it on a copy of its states
@@ -140,18 +113,12 @@ class RankEngine:
             last[torch.tensor(owners, dtype=torch.long, device=self.device)] = logits
         return last
 
-    def _share(self, x: Tensor | None, shape: tuple[int, ...], dtype: torch.dtype) -> Tensor:
-        """The last stage's tensor on every rank."""
-        if x is None:
-            x = torch.empty(shape, dtype=dtype, device=self.device)
-        return self.comm.broadcast_from_last(x.contiguous())
-
     # ---- the three things callers ask for -------------------------------------------------------
     @torch.no_grad()
     def prompt_logits(self, seqs: Sequence[Sequence[int]]) -> list[Tensor]:
         """float32 logits (T_i, V) of every position of every sequence, on the CPU."""
-        states = self._states(len(seqs), max(len(s) for s in seqs))
-        logits = self._share(
+        states = self.new_states(len(seqs), max(len(s) for s in seqs))
+        logits = self.share(
             self._prefill(seqs, states, all_logits=True), (sum(map(len, seqs)), self.cfg.vocab_size), torch.float32
         )
         return [t.cpu() for t in logits.split([len(s) for s in seqs])]
@@ -162,7 +129,7 @@ class RankEngine:
 
         Computed on the last stage so that only two numbers per token cross ranks.
         """
-        states = self._states(len(seqs), max(len(s) for s in seqs))
+        states = self.new_states(len(seqs), max(len(s) for s in seqs))
         logits = self._prefill(seqs, states, all_logits=True)
         total = sum(len(s) - st for s, st in zip(seqs, starts, strict=True))
         result = None
@@ -177,7 +144,7 @@ class RankEngine:
             logprob = sel.gather(-1, tgt[:, None])[:, 0].double()
             greedy = (sel.argmax(-1) == tgt).double()
             result = torch.stack([logprob, greedy], dim=1)
-        shared = self._share(result, (total, 2), torch.float64).cpu()
+        shared = self.share(result, (total, 2), torch.float64).cpu()
         out, offset = [], 0
         for s, st in zip(seqs, starts, strict=True):
             part = shared[offset : offset + len(s) - st]
@@ -254,12 +221,16 @@ class Runtime:
         cuda_graph: bool = True,
         prefill_tokens: int | None = None,
         verify_files: bool = True,
+        forward_options: dict[str, Any] | None = None,
     ) -> None:
         """`cuda_graph=False` keeps decode eager on CUDA (the CPU is always eager);
         `prefill_tokens` caps the prompt tokens of one prefill forward in generate (default 32768
         on CUDA, unlimited on the CPU); `verify_files=False` skips the digests of the shard files
-        (their headers are checked against the manifest regardless)."""
+        (their headers are checked against the manifest regardless); `forward_options` are the
+        family's choices for its forward (`Family.runtime_options`, e.g. PLaMo 3's window
+        convention)."""
         self.manifest = load_manifest(shards)
+        self.forward_options = family_of(self.manifest.config).check_runtime_options(forward_options or {})
         self.trust_remote_code = trust_remote_code
         self.config = self.manifest.config
         self.path = Path(shards)
@@ -270,8 +241,6 @@ class Runtime:
         own = [int(os.environ.get("RANK", "0"))] if self.mode == "dist" else range(mapping.world_size)
         verify_rank_files(self.manifest, own, digests=verify_files)
         if self.mode == "dist":
-            from .launch import init_distributed
-
             rank, world, local_device = init_distributed(device)
             if world != mapping.world_size:
                 raise UserError(
@@ -281,7 +250,16 @@ class Runtime:
             self.rank = rank
             comm = DistComm(RankInfo(rank, mapping.tp, mapping.pp))
             self.engines = [
-                RankEngine(self.manifest, comm, local_device, backend, prefill_chunk, cuda_graph, prefill_tokens)
+                RankEngine(
+                    self.manifest,
+                    comm,
+                    local_device,
+                    backend,
+                    prefill_chunk,
+                    cuda_graph,
+                    prefill_tokens,
+                    self.forward_options,
+                )  # fmt: skip
             ]
         else:
             self.rank = 0
@@ -292,15 +270,22 @@ class Runtime:
                 torch.set_num_threads(max(1, (os.cpu_count() or 1) // mapping.world_size))
             self.engines = [
                 RankEngine(
-                    self.manifest, LocalComm(self.world, r), dev, backend, prefill_chunk, cuda_graph, prefill_tokens
-                )
+                    self.manifest,
+                    LocalComm(self.world, r),
+                    dev,
+                    backend,
+                    prefill_chunk,
+                    cuda_graph,
+                    prefill_tokens,
+                    self.forward_options,
+                )  # fmt: skip
                 for r in range(mapping.world_size)
             ]
 
     @property
     def dtype(self) -> torch.dtype:
-        """The activation dtype (that of the shards' decoder weights)."""
-        return self.engines[0].model.dtype
+        """The activation dtype (the manifest's)."""
+        return self.manifest.activation_dtype
 
     @property
     def kernels(self) -> str:
@@ -366,8 +351,6 @@ class Runtime:
     def close(self, clean: bool = True) -> None:
         self.engines = []
         if self.mode == "dist" and clean:  # after a failure the other ranks may never reach the barrier
-            from .launch import shutdown_distributed
-
             shutdown_distributed()
 
     def __enter__(self) -> Runtime:
@@ -380,7 +363,7 @@ class Runtime:
 def load_tokenizer(path: str | Path, trust_remote_code: bool = False) -> Any:
     """The directory's tokenizer: PLaMo's tokenizer.jsonl natively unless trust_remote_code asks for
     the checkpoint's own code, else AutoTokenizer (see plamo2_tools.tokenizer.load_tokenizer)."""
-    from ..tokenizer import load_tokenizer as load
+    from ...tokenizer import load_tokenizer as load
 
     return load(path, trust_remote_code=trust_remote_code)
 

@@ -1,0 +1,126 @@
+"""The one error path of every command (plamo2_tools.errors has the exit codes).
+
+User and environment errors are one `error:` line with exit 2 or 3; Ctrl-C or SIGTERM says what
+is left behind (130); anything else is a bug: its traceback, then one line saying so and where to
+report it (70).  Click's usage errors are one line with exit 2 too (`OneLineErrors`).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import signal
+import sys
+import traceback
+from collections.abc import Callable
+from typing import Any, NoReturn, TypeVar
+
+import typer
+from rich.markup import escape
+from typer.core import TyperGroup
+
+from .. import __version__
+from ..errors import BUG_EXIT_CODE, ENVIRONMENT_ERRNOS, REPORT_BUGS_TO, Plamo2Error
+from .console import err
+
+# Typer's own click (a vendored copy in recent Typer, the click package in older ones): its
+# exception classes are the ones raised.
+clicks = importlib.import_module(typer.BadParameter.__module__)
+NoArgsIsHelpError = getattr(clicks, "NoArgsIsHelpError", ())  # click < 8.2 prints help without raising
+F = TypeVar("F", bound=Callable[..., Any])
+
+# What an interrupted command leaves behind, per command (the function's name); `{out}` is its
+# output directory.  Commands not listed write nothing before they finish.
+INTERRUPTED = {
+    "convert": "{out} keeps the finished shard files and has no manifest yet; run the same convert again to resume",
+    "merge": "{out} is incomplete (no config.json yet); run the same merge again to redo it",
+    "synth": "{out} is incomplete; run the same synth again to redo it",
+    "demo": "{out} may hold unfinished layouts; run demo again to redo them",
+    "report": "the report may be incomplete; run report again",
+    "lm_eval_passthrough": "lm-eval's outputs may be incomplete",
+}
+
+
+def error_line(message: str, label: str = "error") -> None:
+    """One line on stderr, never wrapped, never read as Rich markup (messages hold [brackets])."""
+    err.print(f"[bold red]{label}:[/] {escape(message)}", highlight=False, soft_wrap=True)
+
+
+class OneLineErrors(TyperGroup):
+    """Click's usage errors (unknown option, bad value, missing argument) as one `error:` line with
+    exit 2, like every other bad input, instead of a usage box; help and --version unchanged."""
+
+    def main(self, args: Any = None, prog_name: Any = None, complete_var: Any = None,
+             standalone_mode: bool = True, **extra: Any) -> Any:  # fmt: skip
+        def run() -> Any:
+            return super(OneLineErrors, self).main(
+                args=args, prog_name=prog_name, complete_var=complete_var, standalone_mode=False, **extra
+            )
+
+        if not standalone_mode:
+            return run()
+        try:
+            code = run()
+        except NoArgsIsHelpError as e:  # the help text is printed already
+            sys.exit(e.exit_code)
+        except clicks.ClickException as e:
+            ctx = getattr(e, "ctx", None)
+            where = f"{ctx.command_path}: " if ctx is not None else ""
+            hint = f" (see {ctx.command_path} --help)" if ctx is not None and isinstance(e, clicks.UsageError) else ""
+            error_line(f"{where}{e.format_message()}{hint}")
+            sys.exit(e.exit_code)
+        except typer.Abort:  # Ctrl-C outside a command (while parsing, importing, ...)
+            error_line("interrupted", label="interrupted")
+            sys.exit(130)
+        sys.exit(code if isinstance(code, int) else 0)
+
+
+def handle_errors(fn: F) -> F:
+    """Wrap a command in the one error path (module docstring)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        signal.signal(signal.SIGTERM, _raise_interrupt)
+        try:
+            return fn(*args, **kwargs)
+        except Plamo2Error as e:
+            error_line(str(e))
+            raise typer.Exit(e.exit_code) from None
+        except KeyboardInterrupt:
+            left = INTERRUPTED.get(fn.__name__, "nothing was written")
+            target = kwargs.get("out_dir") or kwargs.get("workdir") or "the output"
+            error_line(left.format(out=target), label="interrupted")
+            raise typer.Exit(130) from None
+        except (typer.Exit, clicks.ClickException):
+            raise
+        except OSError as e:
+            if e.errno not in ENVIRONMENT_ERRNOS:
+                _bug(fn.__name__)
+            where = f"{e.filename}: " if e.filename else ""
+            error_line(f"{where}{e.strerror or e}")
+            raise typer.Exit(3) from None
+        except MemoryError:
+            error_line("out of memory")
+            raise typer.Exit(3) from None
+        except Exception as e:
+            if type(e).__name__ == "OutOfMemoryError":  # torch's, for CUDA and the CPU allocator
+                error_line(f"out of memory: {str(e).splitlines()[0] if str(e) else ''}")
+                raise typer.Exit(3) from None
+            _bug(fn.__name__)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _bug(command: str) -> NoReturn:
+    traceback.print_exc()
+    name = command.removesuffix("_shards").removesuffix("_passthrough").replace("_", "-")
+    error_line(
+        f"plamo2-tools {__version__} `{name}` failed with the traceback above: this is a bug in plamo2-tools, "
+        f"not in your input; please report it to {REPORT_BUGS_TO}",
+        label="bug",
+    )
+    raise typer.Exit(BUG_EXIT_CODE) from None
+
+
+def _raise_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt

@@ -1,0 +1,41 @@
+"""Options more than one command takes, defined once (help texts built from the real choices)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from ..kernels.devices import BACKENDS, DEVICES
+
+Json = Annotated[bool, typer.Option("--json", help="Print the result as JSON on stdout (for scripts), nothing else.")]
+Device = Annotated[str, typer.Option(help=f"Where the runtime runs: {', '.join(DEVICES)}.")]
+Backend = Annotated[
+    str, typer.Option(help=f"Kernel backend: {', '.join(BACKENDS)} (auto: Triton on CUDA, PyTorch elsewhere).")
+]
+NoVerify = Annotated[
+    bool,
+    typer.Option(
+        "--no-verify",
+        help="Skip the digests of the shard files at load (headers, keys, shapes and dtypes are still "
+        "checked); for directories `check` has just passed.",
+    ),
+]
+Force = Annotated[
+    bool, typer.Option(help="Replace what an earlier plamo2-tools run wrote in OUT (never anyone else's files).")
+]
+TrustRemoteCode = Annotated[
+    bool,
+    typer.Option(help="Run the checkpoint's own tokenizer code instead of the native PLaMo tokenizer."),
+]
+CudaGraph = Annotated[
+    bool, typer.Option("--cuda-graph/--no-cuda-graph", help="CUDA: replay decode steps from CUDA graphs.")
+]
+MaxPartSize = Annotated[str, typer.Option(help="Largest file written, e.g. 5GiB, 500MB.")]
+WindowConvention = Annotated[
+    str | None,
+    typer.Option(
+        help="PLaMo 3 only: how many keys a sliding-window layer sees, hf (the query and W before it, PFN's "
+        "modeling code; the default) or vllm (W in all, as vLLM and llama.cpp)."
+    ),
+]

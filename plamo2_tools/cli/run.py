@@ -1,0 +1,252 @@
+"""Commands that run the model: `logits`, `verify`, `generate`, `demo`."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from ..errors import CheckFailed, UserError
+from .console import err, out, print_json, step_progress
+from .options import Backend, CudaGraph, Device, Json, NoVerify, TrustRemoteCode, WindowConvention
+from .validators import (
+    check_output_file,
+    check_runtime_options,
+    check_sampling,
+    check_tokens,
+    forward_options,
+    int_list,
+    is_shard_dir,
+)
+
+
+def logits(
+    path: Annotated[Path, typer.Argument(help="An HF checkpoint (reference forward) or a shard directory.")],
+    input_ids: Annotated[str, typer.Option(help="Comma-separated token ids, e.g. 1,2,3.")],
+    out_file: Annotated[Path, typer.Option("--out", help="Where to write float32 logits (tokens, vocab) as .npy.")],
+    precision: Annotated[str, typer.Option(help="Reference forward precision: float64 or float32.")] = "float64",
+    backend: Backend = "auto",
+    device: Device = "cpu",
+    window_convention: WindowConvention = None,
+    no_verify: NoVerify = False,
+) -> None:
+    """Logits of one token sequence, written as a float32 .npy array of shape (tokens, vocab):
+    the runtime's for a shard directory, the reference forward's for an HF checkpoint."""
+    import numpy as np
+    import torch
+
+    ids = int_list(input_ids, "--input-ids")
+    if not ids:
+        raise UserError("--input-ids needs at least one token id")
+    check_output_file(out_file, "--out")
+    options = forward_options(window_convention)
+    if is_shard_dir(path):
+        from ..runtime.serving.engine import load_engine
+        from ..shards.manifest import load_manifest
+
+        check_runtime_options(device, backend)
+        check_tokens(ids, load_manifest(path).config, 0, "--input-ids")
+        with load_engine(path, device=device, backend=backend, verify_files=not no_verify,
+                         forward_options=options) as engine:  # fmt: skip
+            result = engine.prompt_logits([ids])[0]
+            if not engine.is_main:  # under torchrun only rank 0 writes
+                return
+    else:
+        from ..model.checkpoint import HFCheckpoint
+        from ..shards.owned import ensure_readable_checkpoint
+
+        dtypes = {"float64": torch.float64, "float32": torch.float32}
+        if precision not in dtypes:
+            raise UserError("--precision must be float64 or float32")
+        ensure_readable_checkpoint(path)
+        with HFCheckpoint(path) as ckpt:
+            ckpt.check_inventory()
+            check_tokens(ids, ckpt.config, 0, "--input-ids")
+            chosen = ckpt.family.check_runtime_options(options)
+            result = ckpt.family.reference_logits(ckpt, [ids], dtypes[precision], **chosen)[0]
+    with open(out_file, "wb") as f:  # a file object: np.save would append .npy to a bare name
+        np.save(f, result.numpy())
+    err.print(f"wrote logits {tuple(result.shape)} to {out_file}", highlight=False, markup=False)
+
+
+def print_verify(result: dict[str, Any], title: str) -> None:
+    short = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+    table = Table(title=title)
+    for col in ("layout", "dtype", "max|Δ|", "rel err", "KL", "top-1", "greedy", "lp-close", "result"):
+        table.add_column(col, no_wrap=True)
+    for x in result["layouts"]:
+        m = x["metrics"]
+        table.add_row(
+            f"tp{x['tp']}×pp{x['pp']}" + ("/torchrun" if x["launch"] else ""), short.get(x["dtype"], x["dtype"]),
+            f"{m['max_abs_logit_diff']:.1e}", f"{m['max_rel_err']:.1e}", f"{m['mean_kl']:.1e}",
+            f"{m['top1_agreement']:.3f}", f"{m['greedy_match_fraction']:.3f}", "yes" if m["logprobs_close"] else "no",
+            "[green]pass[/]" if x["passed"] else "[red]FAIL[/]",
+        )  # fmt: skip
+    out.print(table)
+    if result.get("forward_options"):
+        out.print("forward options: " + ", ".join(f"{k}={v}" for k, v in result["forward_options"].items()),
+                  highlight=False)  # fmt: skip
+    for x in result["layouts"]:
+        for f in x["failures"]:
+            out.print(f"  [red]tp={x['tp']} pp={x['pp']}[/]: {f}", highlight=False)
+
+
+def demo(
+    workdir: Annotated[Path, typer.Option(help="Where the checkpoint and shards go.")] = Path("runs/demo"),
+    preset: Annotated[str, typer.Option(help="Synthetic model preset (tiny, tiny-gqa, plamo-2-1b, ...).")] = "tiny",
+    layouts: Annotated[str, typer.Option(help="TPxPP layouts, comma-separated.")] = "1x1,2x1,2x2",
+    launch: Annotated[bool, typer.Option(help="Run the runtime as real torchrun ranks (gloo on CPU).")] = False,
+    as_json: Json = False,
+) -> None:
+    """The main job on an embedded default: synthesise a checkpoint, convert it to several TP x PP
+    layouts, check the shards, and verify each layout against the reference forward."""
+    from ..demo import run_demo
+
+    try:
+        pairs = tuple((int(a), int(b)) for a, b in (x.lower().split("x") for x in layouts.split(",")))
+    except ValueError:
+        raise UserError(f"--layouts must look like 1x1,2x2 (got {layouts!r})") from None
+    result = run_demo(workdir, preset, pairs, launch, log=(lambda m: None) if as_json else err.print)
+    if as_json:
+        print_json(result)
+    else:
+        print_verify(result, f"demo: {preset} shards vs the reference forward")
+        verdict = "[green]all layouts match the reference[/]" if result["passed"] else "[red]verification failed[/]"
+        out.print(f"{verdict}  (shards in {workdir})")
+    if not result["passed"]:
+        raise CheckFailed("demo: a layout failed verification")
+
+
+def verify(
+    shards: Annotated[list[Path], typer.Argument(help="One or more shard directories (layouts) to check.")],
+    reference: Annotated[Path, typer.Option(help="The original HF checkpoint they were converted from.")],
+    prompts: Annotated[
+        Path | None, typer.Option(help="Prompts: text (one per line) or JSON lines with input_ids/text.")
+    ] = None,
+    random: Annotated[int, typer.Option(help="Without --prompts: this many random token prompts (8-64 tokens).")] = 4,
+    seed: Annotated[int, typer.Option(help="Seed of the random prompts.")] = 0,
+    max_new_tokens: Annotated[int, typer.Option(help="Greedy tokens compared after each prompt.")] = 32,
+    launch: Annotated[
+        bool, typer.Option(help="Run the runtime as real torchrun ranks (gloo on CPU, NCCL on GPU).")
+    ] = False,
+    device: Device = "cpu",
+    backend: Backend = "auto",
+    precision: Annotated[str, typer.Option(help="Reference forward precision: float64 or float32.")] = "float64",
+    reference_device: Annotated[str, typer.Option(help="Where the reference forward runs: cpu or cuda.")] = "cpu",
+    prefill_chunk: Annotated[
+        int | None, typer.Option(help="Prefill at most this many tokens per sequence per step.")
+    ] = None,
+    window_convention: WindowConvention = None,
+    output: Annotated[Path | None, typer.Option(help="Also write the JSON result to this file.")] = None,
+    no_verify: NoVerify = False,
+    as_json: Json = False,
+) -> None:
+    """Check converted shards by running them: runtime logits and greedy tokens against the reference
+    forward of the original checkpoint, per layout.  Exit 1 when a layout fails its thresholds
+    (fp32: max relative error < 1e-4 and identical greedy tokens; bf16/fp16: see the table)."""
+    from ..kernels.devices import check_device
+    from ..model import load_config
+    from ..shards.owned import ensure_readable_checkpoint
+    from ..verify import prompts_from_file, random_prompts, verify_work
+    from ..verify import verify as run
+
+    check_runtime_options(device, backend)
+    check_device(reference_device, "--reference-device")
+    if max_new_tokens < 1 or random < 1:
+        raise UserError("--max-new-tokens and --random must be >= 1")
+    if output is not None:
+        check_output_file(output, "--output")
+    ensure_readable_checkpoint(reference)
+    cfg = load_config(reference)
+    if prompts is not None:
+        prompt_ids, source = prompts_from_file(prompts, reference), str(prompts)
+    else:
+        prompt_ids = random_prompts(random, cfg.vocab_size, seed, cfg.bos_token_id)
+        source = f"random(n={random}, seed={seed})"
+    for i, ids in enumerate(prompt_ids):
+        check_tokens(ids, cfg, max_new_tokens, f"prompt {i + 1}")
+    with step_progress("verify", verify_work(len(shards), max_new_tokens), enabled=not as_json) as progress:
+        result = run(
+            shards, reference, prompt_ids, source, max_new_tokens, launch, device, backend, precision, prefill_chunk,
+            reference_device, verify_files=not no_verify, progress=progress,
+            forward_options=forward_options(window_convention),
+        )  # fmt: skip
+    if output is not None:
+        output.write_text(json.dumps(result, indent=2) + "\n")
+    if as_json:
+        print_json(result)
+    else:
+        print_verify(result, f"verify vs {reference} ({precision}, {len(prompt_ids)} prompts, {max_new_tokens} steps)")
+    if not result["passed"]:
+        raise CheckFailed(f"{sum(not x['passed'] for x in result['layouts'])} layout(s) failed verification")
+
+
+def generate(
+    shards: Annotated[Path, typer.Argument(help="A shard directory.")],
+    prompt: Annotated[str, typer.Option(help="The text to continue.")],
+    max_new_tokens: Annotated[int, typer.Option(help="Stop after this many new tokens.")] = 64,
+    temperature: Annotated[float, typer.Option(help="0 = greedy.")] = 0.0,
+    top_p: Annotated[float, typer.Option(help="Nucleus sampling mass (with temperature > 0).")] = 1.0,
+    seed: Annotated[int, typer.Option(help="Sampling seed (the same on every rank).")] = 0,
+    device: Device = "cpu",
+    backend: Backend = "auto",
+    trust_remote_code: TrustRemoteCode = False,
+    window_convention: WindowConvention = None,
+    no_verify: NoVerify = False,
+    cuda_graph: CudaGraph = True,
+    as_json: Json = False,
+) -> None:
+    """Continue a prompt with the runtime, streaming text as it is generated.
+
+    Runs all ranks in this process; under `torchrun --nproc-per-node N` each process is one real rank
+    and rank 0 prints.  Stops at the checkpoint's EOS token(s) or after --max-new-tokens.
+    """
+    from ..runtime.serving.engine import Runtime, load_tokenizer
+    from ..runtime.serving.text import TextStream, decode_kept_specials, stop_token_ids
+    from ..shards.manifest import load_manifest
+
+    check_sampling(temperature, top_p, max_new_tokens)
+    check_runtime_options(device, backend)
+    cfg = load_manifest(shards).config
+    tok = load_tokenizer(shards, trust_remote_code=trust_remote_code)
+    ids = list(tok(prompt)["input_ids"])
+    if not ids:
+        raise UserError("--prompt: the prompt has no tokens")
+    check_tokens(ids, cfg, max_new_tokens, "--prompt")
+    # Streamed text is its own progress on a terminal; a bar when nothing streams there (rank 0's only).
+    show = (as_json or not sys.stdout.isatty()) and os.environ.get("RANK", "0") == "0"
+    bar = step_progress("generate", max_new_tokens, enabled=show)
+    decode = decode_kept_specials(tok)
+    with (
+        Runtime(shards, device=device, backend=backend, verify_files=not no_verify, cuda_graph=cuda_graph,
+                forward_options=forward_options(window_convention)) as rt,
+        bar as progress,
+    ):  # fmt: skip
+        stream = TextStream(decode)
+
+        def on_token(i: int, token: int) -> None:
+            progress(1)
+            text = stream.push(token)
+            if rt.is_main and not as_json and text:
+                sys.stdout.write(text)
+                sys.stdout.flush()
+
+        start = time.perf_counter()
+        gen = rt.generate([ids], max_new_tokens, eos_token_ids=stop_token_ids(shards, tok), temperature=temperature,
+                          top_p=top_p, seed=seed, on_token=on_token)  # fmt: skip
+        seconds = time.perf_counter() - start
+        if not rt.is_main:
+            return
+        tokens = gen.tokens[0]
+        if as_json:
+            print_json({"prompt": prompt, "prompt_tokens": len(ids), "tokens": tokens, "text": decode(tokens),
+                        "seconds": seconds})  # fmt: skip
+        else:
+            sys.stdout.write(stream.finish() + "\n")
+            err.print(f"{len(tokens)} tokens in {seconds:.2f} s ({len(tokens) / max(seconds, 1e-9):.1f} tokens/s)")

@@ -1,0 +1,109 @@
+"""Checks of command-line values made before any long work starts, each failing with one line."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from ..errors import EnvironmentLimitError, UserError
+
+
+def int_list(text: str | None, what: str) -> list[int] | None:
+    if text is None:
+        return None
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise UserError(f"{what} must be comma-separated integers, got {text!r}") from None
+
+
+def check_output_file(path: Path, option: str) -> None:
+    """A file written when the work is done: refused now, not after it, when it cannot be written."""
+    if path.is_dir():
+        raise UserError(f"{option} {path}: is a directory, not a file")
+    parent = path.parent
+    if not parent.is_dir():
+        raise UserError(f"{option} {path}: the directory {parent} does not exist")
+    if not os.access(parent, os.W_OK):
+        raise EnvironmentLimitError(f"{option} {path}: cannot write in {parent} (permission denied or read-only)")
+
+
+def check_output_dir(path: Path, option: str) -> None:
+    """A directory created (if needed) when results are written: the nearest existing ancestor must
+    be a writable directory."""
+    for p in (path, *path.parents):
+        if p.exists():
+            if not p.is_dir():
+                raise UserError(f"{option} {path}: {p} is not a directory")
+            if not os.access(p, os.W_OK):
+                raise EnvironmentLimitError(f"{option} {path}: cannot write in {p} (permission denied or read-only)")
+            return
+
+
+def check_tokens(ids: list[int], cfg: Any, new_tokens: int, what: str) -> None:
+    """Token ids inside the vocabulary, and the sequence (with the tokens to generate) inside the
+    model's positions."""
+    bad = sorted({t for t in ids if not 0 <= t < cfg.vocab_size})
+    if bad:
+        raise UserError(f"{what}: token id(s) {bad[:5]} outside the vocabulary [0, {cfg.vocab_size})")
+    limit = cfg.max_position_embeddings
+    if len(ids) + new_tokens > limit:
+        extra = f" + {new_tokens} new tokens" if new_tokens else ""
+        raise UserError(f"{what}: {len(ids)} tokens{extra} exceed the model's limit of {limit} positions")
+
+
+def check_sampling(temperature: float, top_p: float, max_new_tokens: int) -> None:
+    if temperature < 0:
+        raise UserError(f"--temperature {temperature:g}: must be >= 0 (0 = greedy)")
+    if not 0 < top_p <= 1:
+        raise UserError(f"--top-p {top_p:g}: must be in (0, 1]")
+    if max_new_tokens < 1:
+        raise UserError(f"--max-new-tokens {max_new_tokens}: must be >= 1")
+
+
+def check_runtime_options(device: str, backend: str) -> None:
+    from ..kernels.devices import check_backend, check_device
+
+    check_device(device)
+    check_backend(backend, device)
+
+
+def forward_options(window_convention: str | None) -> dict[str, Any]:
+    """The family forward options a command was given (checked against the family when loaded)."""
+    return {} if window_convention is None else {"window_convention": window_convention}
+
+
+def is_shard_dir(path: Path) -> bool:
+    """A shard directory, finished or not (an unfinished one is then refused with its own words)."""
+    from ..shards.manifest import JOURNAL_NAME, MANIFEST_NAME
+
+    return (path / MANIFEST_NAME).exists() or (path / JOURNAL_NAME).exists()
+
+
+def parse_limit(text: str | None) -> int | float | None:
+    """lm-eval's --limit: N documents, or a fraction of them when below 1."""
+    if text is None:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise UserError(f"--limit must be a number, got {text!r}") from None
+    if value <= 0:
+        raise UserError("--limit must be > 0")
+    return int(value) if value >= 1 and value.is_integer() else value
+
+
+def check_eval_numbers(
+    batch_size: int, max_gen_toks: int, max_length: int | None, num_fewshot: int | None, bootstrap_iters: int
+) -> None:
+    if batch_size < 1:
+        raise UserError(f"--batch-size {batch_size}: must be >= 1")
+    if max_gen_toks < 1:
+        raise UserError(f"--max-gen-toks {max_gen_toks}: must be >= 1")
+    if max_length is not None and max_length <= max_gen_toks:
+        raise UserError(f"--max-length {max_length}: must exceed --max-gen-toks ({max_gen_toks})")
+    if num_fewshot is not None and num_fewshot < 0:
+        raise UserError(f"--num-fewshot {num_fewshot}: must be >= 0")
+    if bootstrap_iters < 0:
+        raise UserError(f"--bootstrap-iters {bootstrap_iters}: must be >= 0")

@@ -1,0 +1,246 @@
+"""What a family's rank forward is made of and what the runtime asks of it.
+
+The runtime (runtime/serving) drives a `RankModel`: one global rank's part of the model with
+exactly the tensors `convert` wrote for it (vLLM's per-rank state), run over packed batches.  A
+family builds one from its own layers (`Family.rank_model`); the blocks every PLaMo family shares
+live here: the vocab-parallel embedding and head, the four-norm decoder layer whose post-MLP
+norm is fused into the next layer's pre-norm, and NeoX RoPE tables.  The hot operations go
+through `kernels.Ops` and the collectives through `Comm`, both handed in, so nothing here knows
+about threads, processes or devices.
+
+The residual stream follows vLLM: each layer returns (hidden, residual) and the next norm adds
+hidden into residual first, so the PP hand-over is that pair.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+import torch.nn.functional as F
+
+from ..parallel import RankInfo
+
+Tensor = torch.Tensor
+
+
+@dataclass
+class Batch:
+    """One forward call: packed tokens of S sequences (a prefill chunk or one decode step)."""
+
+    input_ids: Tensor  # (T,)
+    positions: Tensor  # (T,) absolute positions
+    seq_index: Tensor  # (T,) which sequence each token belongs to
+    cu_seqlens: Tensor  # (S+1,) int32
+    kv_lens: Tensor  # (S,) tokens of each sequence after this call
+    has_state: Tensor  # (S,) bool: the sequence has earlier tokens in the state
+    decode: bool  # every sequence has exactly one token and a state
+    logits_index: Tensor | None = None  # token indices whose logits are wanted (None: all)
+
+
+@dataclass
+class LayerState:
+    """Inference state of one layer for a batch of S sequences: a Mamba layer's conv state and
+    float32 SSM state, or an attention layer's KV cache (every position; a sliding-window layer
+    attends to the last keys of it through its mask)."""
+
+    conv: Tensor | None = None  # (S, I/tp, K-1): last K-1 raw conv inputs, oldest first
+    ssm: Tensor | None = None  # (S, Hm/tp, d, N) float32
+    k: Tensor | None = None  # (S, capacity, Hkv_r, d)
+    v: Tensor | None = None
+
+    def select(self, index: Tensor) -> LayerState:
+        """The state of a subset of sequences (a copy)."""
+        return LayerState(*(None if t is None else t[index] for t in (self.conv, self.ssm, self.k, self.v)))
+
+    def rows(self, start: int, stop: int) -> LayerState:
+        """Sequences [start, stop) as views (no copy): static addresses for CUDA graphs."""
+        return LayerState(*(None if t is None else t[start:stop] for t in (self.conv, self.ssm, self.k, self.v)))
+
+    def load(self, slots: Tensor, part: LayerState) -> None:
+        """Put the states of `part` (its first prompt positions of KV) into rows `slots`."""
+        for mine, theirs in ((self.conv, part.conv), (self.ssm, part.ssm)):
+            if mine is not None and theirs is not None:
+                mine[slots] = theirs
+        for mine, theirs in ((self.k, part.k), (self.v, part.v)):
+            if mine is not None and theirs is not None:
+                mine[slots, : theirs.shape[1]] = theirs
+
+    def move(self, src: int, dst: int) -> None:
+        """Copy sequence row `src` to row `dst` (slot compaction)."""
+        for t in (self.conv, self.ssm, self.k, self.v):
+            if t is not None:
+                t[dst].copy_(t[src])
+
+    def update(self, index: Tensor, part: LayerState) -> None:
+        for mine, theirs in ((self.conv, part.conv), (self.ssm, part.ssm), (self.k, part.k), (self.v, part.v)):
+            if mine is not None:
+                mine[index] = theirs
+
+
+def kv_state(batch: int, capacity: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
+             device: torch.device) -> LayerState:  # fmt: skip
+    shape = (batch, capacity, kv_heads, head_dim)
+    return LayerState(
+        k=torch.zeros(shape, dtype=dtype, device=device), v=torch.zeros(shape, dtype=dtype, device=device)
+    )
+
+
+class Comm(Protocol):
+    """The collectives a rank forward needs (runtime/rank/comm.py has the thread and torchrun ones)."""
+
+    info: RankInfo
+
+    def all_reduce(self, x: Tensor) -> Tensor: ...
+
+    def all_gather(self, x: Tensor, dim: int) -> Tensor: ...
+
+    def send_next(self, tensors: list[Tensor]) -> None: ...
+
+    def recv_prev(self, like: list[Tensor]) -> list[Tensor]: ...
+
+    def broadcast_from_last(self, x: Tensor) -> Tensor: ...
+
+    def barrier(self) -> None: ...
+
+
+def rope_cos_sin(
+    positions: Tensor, dim: int, theta: float, dtype: torch.dtype, inv_freq: Tensor | None = None, scale: float = 1.0
+) -> tuple[Tensor, Tensor]:
+    """NeoX rotate-half tables for (T,) positions, computed in float64 (positions reach 10M).
+    `inv_freq` (dim/2,) replaces theta's plain frequencies (YaRN); `scale` multiplies cos and sin."""
+    if inv_freq is None:
+        inv_freq = theta ** (-torch.arange(0, dim, 2, dtype=torch.float64, device=positions.device) / dim)
+    angles = positions.to(torch.float64)[:, None] * inv_freq.to(device=positions.device, dtype=torch.float64)[None, :]
+    angles = torch.cat([angles, angles], dim=-1)[:, None, :]
+    return (angles.cos() * scale).to(dtype), (angles.sin() * scale).to(dtype)
+
+
+class Mixer(Protocol):
+    """A layer's token mixer (attention, Mamba, ...): (normed hidden, batch, state, context) -> output,
+    all-reduced over TP."""
+
+    def __call__(self, a: Tensor, batch: Batch, state: LayerState, context: dict[Any, Any]) -> Tensor: ...
+
+    def new_state(self, batch: int, capacity: int, dtype: torch.dtype, device: torch.device) -> LayerState: ...
+
+
+PLAMO_NORMS = ("pre_mixer_norm", "post_mixer_norm", "pre_mlp_norm", "post_mlp_norm")
+
+
+class PlamoLayer:
+    """A PLaMo decoder layer: four RMS norms (offsets folded into the shards), a mixer and a SwiGLU
+    MLP, with vLLM's deferred residual: it returns the MLP output *before* its post-MLP norm,
+    which the caller fuses with the next norm (`pending` is the previous layer's post-MLP weight)."""
+
+    def __init__(self, index: int, mixer: Mixer, w: dict[str, Tensor], eps: float, ops: Any, comm: Comm) -> None:
+        self.index, self.mixer, self.eps, self.ops, self.comm = index, mixer, eps, ops, comm
+        self.norms = {n: w[f"{n}.weight"] for n in PLAMO_NORMS}
+        self.gate_up, self.down = w["mlp.gate_up_proj.weight"], w["mlp.down_proj.weight"]
+
+    def __call__(self, h: Tensor, residual: Tensor | None, batch: Batch, state: LayerState,
+                 context: dict[Any, Any], pending: Tensor | None = None) -> tuple[Tensor, Tensor]:  # fmt: skip
+        ops, eps, norms = self.ops, self.eps, self.norms
+        if pending is None:
+            h, residual = ops.rms_norm(h, norms["pre_mixer_norm"], eps, residual)
+        else:
+            assert residual is not None
+            h, residual = ops.norm_add_norm(h, pending, residual, norms["pre_mixer_norm"], eps)
+        h = self.mixer(h, batch, state, context)
+        h, residual = ops.norm_add_norm(h, norms["post_mixer_norm"], residual, norms["pre_mlp_norm"], eps)
+        h = self.comm.all_reduce(F.linear(ops.silu_mul(F.linear(h, self.gate_up)), self.down))
+        return h, residual
+
+
+def layer_weights(weights: dict[str, Tensor], prefix: str) -> dict[str, Tensor]:
+    """The tensors of one layer, names relative to its prefix."""
+    return {k.removeprefix(prefix): v for k, v in weights.items() if k.startswith(prefix)}
+
+
+def mixer_weights(w: dict[str, Tensor]) -> dict[str, Tensor]:
+    return {k.removeprefix("mixer."): v for k, v in w.items() if k.startswith("mixer.")}
+
+
+class RankModel:
+    """One global rank: the embedding (first stage), the layers of its PP stage, the final norm and
+    head (last stage), over packed batches.  What the runtime calls: `forward`, `stage` (what a
+    CUDA graph holds), `embed_tokens`, `new_states`; `layers[i].index`, `dtype`, `device`,
+    `hidden_size`.  A family subclass builds `layers` and may override `prepare` (per-forward
+    tables its mixers share, e.g. RoPE)."""
+
+    def __init__(
+        self,
+        cfg: Any,
+        layers: list[PlamoLayer],
+        weights: dict[str, Tensor],
+        ops: Any,
+        comm: Comm,
+        vocab: tuple[int, int],
+        dtype: torch.dtype,
+        embed_name: str = "model.embed_tokens.weight",
+        tied_alias: str = "lm_head.weight",
+    ) -> None:
+        self.cfg, self.layers, self.ops, self.comm = cfg, layers, ops, comm
+        self.hidden_size, self.eps = cfg.hidden_size, cfg.rms_norm_eps
+        self.vocab_start, self.vocab_rows = vocab
+        # A tied embedding may be stored only as lm_head.weight (vLLM's state_dict dedup).
+        self.embed = weights.get(embed_name, weights.get(tied_alias))
+        self.final_norm = weights.get("model.norm.weight")
+        self.lm_head = weights.get("lm_head.weight")
+        self.dtype = dtype
+        self.device = next(iter(weights.values())).device
+
+    def new_states(self, batch: int, capacity: int) -> dict[int, LayerState]:
+        return {layer.index: layer.mixer.new_state(batch, capacity, self.dtype, self.device) for layer in self.layers}
+
+    def embed_tokens(self, ids: Tensor) -> Tensor:
+        """Vocab-parallel lookup: rows outside this rank's block contribute zeros, then all-reduce."""
+        assert self.embed is not None, "this rank holds no embedding"
+        if self.comm.info.tp == 1:  # one lookup instead of five launches
+            return self.embed[ids]
+        local = ids - self.vocab_start
+        inside = (local >= 0) & (local < self.vocab_rows)
+        h = self.embed[local.clamp(0, self.vocab_rows - 1)] * inside[:, None].to(self.embed.dtype)
+        return self.comm.all_reduce(h)
+
+    def forward(self, batch: Batch, states: dict[int, LayerState]) -> Tensor | None:
+        """Run this rank's part; the last stage returns float32 logits (n, V), others None."""
+        info = self.comm.info
+        T = batch.input_ids.shape[0]
+        if info.is_first_stage:
+            h, residual = self.embed_tokens(batch.input_ids), None
+        else:
+            like = torch.empty(T, self.hidden_size, dtype=self.dtype, device=self.device)
+            h, residual = self.comm.recv_prev([like, like])
+        out = self.stage(batch, states, h, residual)
+        if not info.is_last_stage:
+            self.comm.send_next(list(out))
+            return None
+        return out[0]
+
+    def prepare(self, batch: Batch) -> dict[Any, Any]:
+        """Tables the layers of one forward share (none here)."""
+        return {}
+
+    def stage(self, batch: Batch, states: dict[int, LayerState], h: Tensor, residual: Tensor | None
+              ) -> tuple[Tensor, ...]:  # fmt: skip
+        """The layers (and on the last stage the head) without the PP hand-over, so that a CUDA graph
+        can hold them: (logits,) on the last stage, else the (hidden, residual) to send on."""
+        context = self.prepare(batch)
+        pending = None  # the previous layer's post-MLP norm, fused into the next norm
+        for layer in self.layers:
+            h, residual = layer(h, residual, batch, states[layer.index], context, pending)
+            pending = layer.norms["post_mlp_norm"]
+        assert residual is not None and pending is not None
+        if not self.comm.info.is_last_stage:
+            return self.ops.rms_norm(h, pending, self.eps)[0], residual
+        h, _ = self.ops.norm_add_norm(h, pending, residual, self.final_norm, self.eps)
+        if batch.logits_index is not None:
+            h = h[batch.logits_index]
+        logits = self.comm.all_gather(F.linear(h, self.lm_head).float(), dim=-1)
+        return (logits[:, : self.cfg.vocab_size],)
+
+
+LayerBuilder = Callable[[int, dict[str, Tensor]], PlamoLayer]
