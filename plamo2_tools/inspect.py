@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 from typing import Any
@@ -107,14 +108,22 @@ def _inspect_shards(path: Path) -> dict[str, Any]:
         "config": family_of(cfg).summary(cfg),
         "geometry": family_of(cfg).describe(cfg),
         "layers": family_of(cfg).layer_map(cfg),
-        "mapping": {k: m.raw["mapping"][k] for k in ("tp_size", "pp_size", "world_size", "stages")},
+        "mapping": {
+            "tp_size": m.mapping.tp,
+            "pp_size": m.mapping.pp,
+            "world_size": m.mapping.world_size,
+            "stages": [list(s) for s in m.mapping.stages],
+        },
         "vllm": vllm_compatibility(m.mapping.tp, m.mapping.pp),
-        "ranks": m.raw["mapping"]["ranks"],
-        "options": m.raw["options"],
-        "source": {"path": m.raw["source"]["path"], "kind": m.raw["source"]["kind"]},
+        "ranks": [dataclasses.asdict(r) | {"files": list(r.files)} for r in m.ranks],
+        "options": dataclasses.asdict(m.options),
+        "source": {"path": m.source.path, "kind": m.source.kind},
         "tensors": sum(len(r) for r in m.entries.values()),
         "bytes_by_dtype": by_dtype,
-        "files": [{"name": n, **{k: v for k, v in f.items() if k != "sha256"}} for n, f in sorted(m.files.items())],
-        "plamo2_tools_version": m.raw.get("plamo2_tools_version"),
+        "files": [
+            {"name": n, "size": f.size, "digest": f.digest, "rank": f.rank, "part": f.part}
+            for n, f in sorted(m.files.items())
+        ],
+        "plamo2_tools_version": m.tool_version,
         "splits": split_table(cfg),
     }

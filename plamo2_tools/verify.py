@@ -22,7 +22,7 @@ from .model import hf_tensor_shapes
 from .model.checkpoint import HFCheckpoint
 from .runtime.process.jobs import run_job
 from .runtime.serving.engine import Runtime, load_tokenizer
-from .shards.integrity import verify_rank_files
+from .shards.integrity import verify_shard_files
 from .shards.manifest import load_manifest
 from .shards.owned import ensure_readable_checkpoint
 
@@ -274,7 +274,7 @@ def verify(
         if hf_tensor_shapes(m.config) != hf_tensor_shapes(ref_cfg):
             raise UserError(f"{s} was not converted from a checkpoint shaped like {reference}")
     for m in manifests:  # a damaged layout stops us before the (long) reference forward
-        verify_rank_files(m, range(m.mapping.world_size), digests=verify_files)
+        verify_shard_files(m, range(m.mapping.world_size), digests=verify_files)
     ref = reference_outputs(
         reference, prompts, max_new_tokens, getattr(torch, precision), reference_device, progress, options
     )

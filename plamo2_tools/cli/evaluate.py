@@ -44,7 +44,7 @@ def eval_shards(
     from ..eval.gsm8k_task import load_gsm8k_data
     from ..eval.harness import EvalRequest, check_tasks, run_eval
     from ..model import family_of
-    from ..shards.integrity import verify_rank_files
+    from ..shards.integrity import verify_shard_files
     from ..shards.manifest import load_manifest
 
     task_list = [t.strip() for t in tasks.split(",") if t.strip()]
@@ -60,7 +60,7 @@ def eval_shards(
     if max_length is not None and max_length > positions:
         raise UserError(f"--max-length {max_length}: the model has {positions} positions")
     # The shard files against their manifest, here and once (the runtime then skips the digests).
-    verify_rank_files(manifest, range(manifest.mapping.world_size), digests=not no_verify)
+    verify_shard_files(manifest, range(manifest.mapping.world_size), digests=not no_verify)
     data = load_gsm8k_data(gsm8k_dir, allow_unverified=allow_unverified_data)
     if not data.verified:
         err.print("[yellow]warning:[/] not the official GSM8K files; scores do not compare with published numbers")

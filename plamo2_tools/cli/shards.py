@@ -121,7 +121,7 @@ def check(
     from ..shards.check import check_shards
     from ..shards.manifest import load_manifest
 
-    total = sum(f["size"] for f in load_manifest(path).files.values())
+    total = sum(f.size for f in load_manifest(path).files.values())
     with byte_progress(f"check {path}", total, enabled=not as_json) as progress:
         report = check_shards(path, progress=progress)
     problems = sum(len(v) for v in report.checks.values())

@@ -29,19 +29,11 @@ from ..digest import SHA256, hash_range, mapped_windows, new_hash
 from ..dtypes import dtype_name
 from ..errors import CheckpointError, EnvironmentLimitError, OutputExistsError, UserError, human_bytes
 from ..outputs import make_output_dir, refuse_foreign, remove_outputs
-from ..safetensors_io import PartialFile, atomic_write_text, fsync_dir, read_header
+from ..safetensors_io import PartialFile, fsync_dir, read_header
+from ..shards.formats import HASH, WRITTEN, combine_file_digest, header_bytes
+from ..shards.journal import Journal
 from ..shards.lock import OutputLock, ensure_not_being_written
-from ..shards.manifest import (
-    HASH,
-    JOURNAL_NAME,
-    MANIFEST_NAME,
-    build_manifest,
-    combine_file_digest,
-    config_sha256,
-    file_digests,
-    header_bytes,
-    write_manifest,
-)
+from ..shards.manifest import MANIFEST_NAME, build_manifest, config_sha256, write_manifest
 from ..shards.owned import convert_outputs
 from .plan import FilePlan, Plan, make_plan, output_path_problems
 from .sources import ShardSource, Source, open_source, side_files
@@ -96,45 +88,11 @@ class ConvertResult:
         }
 
 
-class Journal:
-    """Append-only record of finished files; the first line holds the plan fingerprint."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.lock = threading.Lock()
-
-    def read(self, fingerprint: str) -> dict[str, dict[str, Any]] | None:
-        """Finished-file records if the journal belongs to this plan, else None."""
-        try:
-            lines = self.path.read_text().splitlines()
-            head = json.loads(lines[0])
-            records = [json.loads(line) for line in lines[1:] if line.strip()]
-        except (OSError, IndexError, json.JSONDecodeError):
-            return None
-        if head.get("fingerprint") != fingerprint:
-            return None
-        return {r["file"]: r for r in records if "file" in r}
-
-    def start(self, fingerprint: str, writes: list[str]) -> None:
-        """`writes`: every file this run may create, so that a later run (or --force) removes
-        exactly those and nothing of the user's (shards/owned.py)."""
-        atomic_write_text(self.path, json.dumps({"fingerprint": fingerprint, "writes": writes}) + "\n")
-
-    def append(self, record: dict[str, Any]) -> None:
-        try:
-            with self.lock, open(self.path, "a") as f:
-                f.write(json.dumps(record) + "\n")
-                f.flush()
-                os.fsync(f.fileno())
-        except OSError as e:  # a full disk here too is the environment's refusal, not a crash
-            raise EnvironmentLimitError(f"{self.path}: {e.strerror or e}") from None
-
-
 def _clear_outputs(out: Path) -> None:
     """Remove what earlier conversions of ours wrote, as their manifest and journal list it, and
     nothing else (manifest first: never look complete; journal last: it is the record)."""
     remove_outputs(out, convert_outputs(out) | {MANIFEST_NAME}, first=MANIFEST_NAME)
-    (out / JOURNAL_NAME).unlink(missing_ok=True)
+    Journal(out).remove()
 
 
 def _writes(source: Source, plan: Plan) -> list[str]:
@@ -146,7 +104,7 @@ def _prepare_output(out: Path, plan: Plan, force: bool, writes: list[str]) -> di
     """Decide fresh / resume / up-to-date / refuse.  Returns journal records worth reusing.
     The caller holds OUT's lock."""
     manifest = out / MANIFEST_NAME
-    journal = Journal(out / JOURNAL_NAME)
+    journal = Journal(out)
     if manifest.exists():
         try:
             old = json.loads(manifest.read_text()).get("fingerprint")
@@ -157,9 +115,9 @@ def _prepare_output(out: Path, plan: Plan, force: bool, writes: list[str]) -> di
         if not force:
             raise OutputExistsError(f"{out} holds a different completed conversion; use --force to replace it")
         _clear_outputs(out)
-    records = journal.read(plan.fingerprint)
+    records = journal.finished(plan.fingerprint)
     if records is None:
-        ours = (out / JOURNAL_NAME).exists()
+        ours = journal.exists()
         others = [p for p in out.iterdir() if not p.name.startswith(".")]
         if others and not ours and not force:
             raise OutputExistsError(
@@ -184,7 +142,7 @@ def _verified(out: Path, f: FilePlan, records: dict[str, dict[str, Any]], pool: 
     if rec is None or not path.is_file() or path.stat().st_size != f.layout.size:
         return False
     try:
-        digest = file_digests(path, pool=pool)[0]
+        digest = WRITTEN.digests(path, HASH, pool)[0]
     except (CheckpointError, OSError):  # not even a safetensors file any more
         digest = None
     if digest != rec.get("digest"):
@@ -438,7 +396,7 @@ def _convert(
             _check_disk(out, sum(f.layout.size for u in todo for f in u))
             if on_plan:
                 on_plan(plan)
-            journal = Journal(out / JOURNAL_NAME)
+            journal = Journal(out)
             writer = Writer(source, HASH, options.copy, _locked(progress))
             inputs = None
             if known_inputs is None:
@@ -470,11 +428,11 @@ def _convert(
                 writer.close()
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
-        finished = {**records, **journal.read(plan.fingerprint)}  # type: ignore[dict-item]
+        finished = {**records, **(journal.finished(plan.fingerprint) or {})}
         copied = _copy_side_files(source, out)
         manifest = _manifest(source, plan, finished, input_digests, copied)
         write_manifest(out, manifest)
-        (out / JOURNAL_NAME).unlink(missing_ok=True)
+        journal.remove()
         fsync_dir(out)
         status = "resumed" if reused else "converted"
         copy = {"mode": options.copy, "workers": options.workers, "bytes": dict(writer.stats)}

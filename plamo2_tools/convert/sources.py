@@ -13,12 +13,14 @@ from typing import Any, Protocol
 
 import torch
 
-from ..dtypes import parse_dtype
 from ..errors import CheckpointError, UserError
 from ..model.checkpoint import HFCheckpoint
 from ..model.layout import invert_transforms
 from ..safetensors_io import TensorInfo, read_header, read_rows
-from ..shards.manifest import FORMAT_VERSION, HASH, JOURNAL_NAME, MANIFEST_NAME, Manifest, file_digests, load_manifest
+from ..shards.formats import HASH, WRITTEN
+from ..shards.integrity import verify_shard_files
+from ..shards.journal import JOURNAL_NAME
+from ..shards.manifest import MANIFEST_NAME, Manifest, load_manifest
 from ..shards.owned import ensure_readable_checkpoint
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".partial", ".tmp")
@@ -127,7 +129,7 @@ class ShardSource:
                     offset += rows
         self._tensors: dict[str, SourceTensor] = {}
         for name, rec in self.manifest.source_tensors.items():
-            dtype = parse_dtype(rec["dtype"])
+            dtype = rec.dtype
             shard_dtypes = {
                 e.tensor.dtype
                 for _, e, _ in self._pieces.get(name, [])
@@ -136,7 +138,7 @@ class ShardSource:
             # Precision cannot come back: a tensor cast on the way in stays in the cast dtype.
             if len(shard_dtypes) == 1:
                 dtype = shard_dtypes.pop()
-            self._tensors[name] = SourceTensor(name, dtype, tuple(rec["shape"]))
+            self._tensors[name] = SourceTensor(name, dtype, rec.shape)
 
     @property
     def tensors(self) -> dict[str, SourceTensor]:
@@ -180,34 +182,18 @@ class ShardSource:
         return [self.path / f for f in sorted(self.manifest.files)]
 
     def verify(self, pool: Executor | None = None) -> dict[str, dict[str, Any]]:
-        """Every shard file against the size and digest its manifest records.  Reading shards back
-        checks only headers, so without this a damaged shard would be resharded or merged into
-        output whose own manifest then vouches for it.  Returns convert's input record: {name:
-        {size, digest}} by the rule and algorithm we write (for a version-1 source, whose digests
-        are SHA-256, that is a second digest of each file)."""
-        digests: dict[str, dict[str, Any]] = {}
-        bad = []
+        """Every shard file against its manifest (shards/integrity.py: presence, header, digest).
+        Reading shards back checks only headers, so without this a damaged shard would be resharded
+        or merged into output whose own manifest then vouches for it.  Returns convert's input
+        record: {name: {size, digest}} by the rule and algorithm we write (for an older format,
+        or another algorithm, that is a second digest of each file)."""
         m = self.manifest
-        for path in self.input_files():
-            if not path.is_file():
-                raise CheckpointError(f"{path}: listed in the manifest but missing")
-            size = path.stat().st_size
-            if size != m.files[path.name]["size"]:
-                bad.append(path.name)
-                continue
-            digest = m.digests_of(path, pool)[0]
-            if digest != m.file_digest(path.name):
-                bad.append(path.name)
-                continue
-            if (m.version, m.hash) != (FORMAT_VERSION, HASH):
-                digest = file_digests(path, pool=pool)[0]
-            digests[path.name] = {"size": size, "digest": digest}
-        if bad:
-            raise CheckpointError(
-                f"{self.path}: {', '.join(bad)}: size or {m.hash} digest differs from the manifest (damaged or "
-                f"replaced shard file; `plamo2-tools check {self.path}` shows more)"
-            )
-        return digests
+        verify_shard_files(m, range(m.mapping.world_size), digests=True)
+        same = (m.format, m.hash) == (WRITTEN, HASH)
+        return {
+            name: {"size": rec.size, "digest": rec.digest if same else WRITTEN.digests(m.path / name, HASH, pool)[0]}
+            for name, rec in sorted(m.files.items())
+        }
 
     def close(self) -> None:
         for fd in self._fds.values():

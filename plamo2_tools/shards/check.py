@@ -16,9 +16,7 @@ on every core: version 2's tensors hash in parallel, version 1's files do.
 
 from __future__ import annotations
 
-import os
-from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,10 +24,10 @@ from typing import Any
 import safetensors
 import torch
 
-from ..dtypes import parse_dtype
 from ..model import family_of
 from ..model.layout import CONSTANT, OutputTensor, rank_tensors
 from ..safetensors_io import read_header
+from .integrity import all_digests, digest_mismatch, presence_problem
 from .manifest import Manifest, config_sha256, file_metadata, load_manifest
 
 # `check --json` (CheckReport.to_dict): `plamo2-tools report` recognises it by this kind and
@@ -78,56 +76,38 @@ def check_shards(path: str | Path, progress: Callable[[int], None] | None = None
 
 
 def _check_config(m: Manifest) -> list[str]:
-    if config_sha256(m.path) != m.raw["source"]["config_sha256"]:
+    if config_sha256(m.path) != m.source.config_sha256:
         return ["config.json differs from the one the shards were converted with"]
     return []
 
 
 def _check_files(m: Manifest, progress: Callable[[int], None] | None) -> tuple[list[str], dict[str, dict[str, str]]]:
+    """Presence (with the safetensors library's own word on the format) and digest of every file
+    (shards/integrity.py); returns the problems and the tensor digests of the readable files."""
     problems: list[str] = []
-    digests: dict[str, dict[str, str]] = {}
     readable = []
-    for name, rec in sorted(m.files.items()):
-        p = m.path / name
-        if not p.is_file():
-            problems.append(f"{name}: missing")
-            continue
-        if p.stat().st_size != rec["size"]:
-            problems.append(f"{name}: size {p.stat().st_size} != {rec['size']} in the manifest (truncated or replaced)")
-            continue
-        try:
-            with safetensors.safe_open(str(p), "pt") as f:
-                f.keys()
-            header = read_header(p)
-        except Exception as e:  # noqa: BLE001 - any failure to open is the finding
-            problems.append(f"{name}: does not open as safetensors ({e})")
-            continue
-        del header  # read_header validated the layout; file_digests reads it again
-        readable.append(name)
-    with ThreadPoolExecutor(os.cpu_count() or 1, thread_name_prefix="plamo2-check") as pool:
-        results: Iterable[tuple[str, str, dict[str, str]]]
-        if m.version >= 2:  # tensors are independent: parallel inside each file
-            results = ((n, *m.digests_of(m.path / n, pool)) for n in readable)
-        else:  # one sequential sha256 per file: files in parallel
-            results = pool.map(lambda n: (n, *m.digests_of(m.path / n)), readable)
-        for name, whole, tensors in results:
-            digests[name] = tensors
-            if progress:
-                progress(m.files[name]["size"])
-            if whole != m.file_digest(name):
-                problems.append(f"{name}: {m.hash} digest differs from the manifest")
+    for name in sorted(m.files):
+        found = presence_problem(m, name, judge=True)
+        if found:
+            problems.append(found)
+        else:
+            readable.append(name)
+    digests = {}
+    for name, (whole, tensors) in all_digests(m, readable, progress).items():
+        digests[name] = tensors
+        if whole != m.file_digest(name):
+            problems.append(digest_mismatch(m, name))
     return problems, digests
 
 
 def _expected(m: Manifest) -> dict[int, list[OutputTensor]]:
-    src_dtypes = {n: parse_dtype(r["dtype"]) for n, r in m.source_tensors.items()}
-    dtype = m.raw["options"]["dtype"]
-    out_dtype = None if dtype == "auto" else parse_dtype(dtype)
+    src_dtypes = {n: r.dtype for n, r in m.source_tensors.items()}
+    out_dtype = m.out_dtype
     family = family_of(m.config)
     planned = {
         r: rank_tensors(family, m.config, src_dtypes, m.mapping, r, out_dtype) for r in range(m.mapping.world_size)
     }
-    if m.version == 1:  # version 1 predates vLLM's extra constant tensors (VLLM_EXTRAS): none expected
+    if not m.format.has_constants:  # version 1 predates vLLM's extra constant tensors: none expected
         planned = {r: [t for t in ts if t.source != CONSTANT] for r, ts in planned.items()}
     return planned
 
@@ -223,8 +203,8 @@ def _check_coverage(m: Manifest) -> list[str]:
             problems.append(f"{name}: split along both dims")
             continue
         dim = dims.pop()
-        size = rec["shape"][dim]
-        if name == "lm_head.weight":
+        size = rec.shape[dim]
+        if name == m.family.head_name:
             size = cfg.vocab_size  # HF's rows beyond V (rounded to 16) are not part of the model
         count = [0] * size
         for p in {(p.start, p.length) for p in pieces}:

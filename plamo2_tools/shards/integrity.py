@@ -1,57 +1,66 @@
-"""Shard files checked against their manifest before the runtime loads them.
+"""Shard files against their manifest: the one checker that `check`, the runtime's load and every
+reader of shards as a source (reshard, merge) use.
 
-`check` reads everything and reports every problem; this is the subset that must hold before a
-model runs, so that a file swapped for another rank's, truncated, or damaged stops `generate`,
-`verify` and `eval` with one line instead of producing confident nonsense:
-
-  structure  the file exists with the recorded size; its safetensors header parses; metadata says
-             the rank it belongs to; keys, shapes and dtypes are exactly the manifest's (cheap:
-             headers only, always done)
+  presence   the file is listed for its rank and in the manifest's files, exists as a regular
+             file with the recorded size, and its safetensors header parses
+  header     metadata names the rank it belongs to; keys, shapes and dtypes are exactly the
+             manifest's entries for the file (cheap: headers only)
   digest     the whole-file digest equals the manifest's, in the algorithm the manifest records
-             (one read of every byte; `--no-verify` skips it for users who have just run `check`)
+             and by its format version's rule (one read of every byte; `--no-verify` skips it for
+             users who have just run `check`)
+
+`check` adds what only it needs on top (the layout re-derived from the config, replicas, padding,
+coverage: shards/check.py); the runtime needs all three above before a model runs, so that a file
+swapped for another rank's, truncated or damaged stops `generate`, `verify` and `eval` with one
+line instead of producing confident nonsense.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
+import stat
+from collections.abc import Callable, Iterable
+from concurrent.futures import Executor, ThreadPoolExecutor
+
+import safetensors
 
 from ..errors import CheckpointError, Plamo2Error, os_error
 from ..safetensors_io import read_header
 from .manifest import Manifest, file_metadata
 
 
-def verify_rank_files(manifest: Manifest, ranks: Iterable[int], digests: bool = True) -> None:
-    """Check every file of these ranks; one CheckpointError line naming each bad file."""
-    files = [(rank, name) for rank in ranks for name in manifest.rank_files(rank)]
-    problems = [p for rank, name in files if (p := _structure_problem(manifest, rank, name))]
-    if not problems and digests:
-        # hashlib and xxhash release the GIL: the files hash in parallel, one per core.
-        workers = max(1, min(len(files), os.cpu_count() or 1))
-        with ThreadPoolExecutor(workers, thread_name_prefix="plamo2-verify") as pool:
-            problems = [p for p in pool.map(lambda rf: _digest_problem(manifest, rf[1]), files) if p]
-    if problems:
-        raise CheckpointError(
-            f"{manifest.path}: {'; '.join(problems)}: the shards do not match their manifest "
-            f"(`plamo2-tools check {manifest.path}` shows everything)"
-        )
-
-
-def _structure_problem(m: Manifest, rank: int, name: str) -> str | None:
-    path = m.path / name
+def presence_problem(m: Manifest, name: str, judge: bool = False) -> str | None:
+    """Is the file there, whole, and a safetensors file?  `judge`: also open it with the
+    safetensors library itself (check's extra word on the format)."""
     record = m.files.get(name)
     if record is None:
-        return f"{name}: listed for rank {rank} but missing from the manifest's files"
-    if not path.is_file():
-        return f"{name}: missing"
-    size = path.stat().st_size
-    if size != record["size"]:
-        return f"{name}: {size} bytes, the manifest says {record['size']} (truncated or replaced)"
+        return f"{name}: listed for a rank but missing from the manifest's files"
+    path = m.path / name
     try:
-        header = read_header(path)
+        st = path.stat()
+    except FileNotFoundError:
+        return f"{name}: missing"
+    except OSError as e:
+        raise os_error(e, f"{path}: cannot read") from None
+    if not stat.S_ISREG(st.st_mode):
+        return f"{name}: not a regular file"
+    if st.st_size != record.size:
+        return f"{name}: size {st.st_size} != {record.size} in the manifest (truncated or replaced)"
+    try:
+        read_header(path)
+        if judge:
+            with safetensors.safe_open(str(path), "pt") as f:
+                f.keys()
     except Plamo2Error as e:
         return f"{name}: {e}"
+    except Exception as e:  # noqa: BLE001 - the library refusing the file is the finding
+        return f"{name}: does not open as safetensors ({e})"
+    return None
+
+
+def header_problem(m: Manifest, rank: int, name: str) -> str | None:
+    """Does the header say this rank, and hold exactly the manifest's tensors for the file?"""
+    header = read_header(m.path / name)
     meta = header.metadata
     for key, want in file_metadata(m.mapping, rank).items():
         if key != "plamo2_tools_version" and meta.get(key) != want:
@@ -67,16 +76,50 @@ def _structure_problem(m: Manifest, rank: int, name: str) -> str | None:
     return None
 
 
-def _digest_problem(m: Manifest, name: str) -> str | None:
-    expected, actual = file_digest(m, name)
-    return None if actual == expected else f"{name}: content differs from its recorded digest (damaged file?)"
-
-
-def file_digest(m: Manifest, name: str) -> tuple[str, str]:
-    """(recorded, computed) whole-file digest of one shard file, in the manifest's algorithm and by
-    its format version's rule (shards/manifest.py `Manifest.digests_of`)."""
+def digests(m: Manifest, name: str, pool: Executor | None = None) -> tuple[str, dict[str, str]]:
+    """(file digest, {tensor: digest}) of one shard file on disk, by the manifest's rule."""
     path = m.path / name
     try:
-        return m.file_digest(name), m.digests_of(path)[0]
+        return m.digests_of(path, pool)
     except OSError as e:
         raise os_error(e, f"{path}: cannot read") from None
+
+
+def digest_mismatch(m: Manifest, name: str) -> str:
+    return f"{name}: {m.hash} digest differs from the manifest (damaged or replaced file?)"
+
+
+def all_digests(
+    m: Manifest, names: Iterable[str], progress: Callable[[int], None] | None = None
+) -> dict[str, tuple[str, dict[str, str]]]:
+    """Digests of many files on every core: version 2's tensors in parallel inside each file,
+    version 1's (one sequential sha256 per file) file by file in parallel."""
+    names = list(names)
+    out: dict[str, tuple[str, dict[str, str]]] = {}
+    with ThreadPoolExecutor(max(1, min(os.cpu_count() or 1, 64)), thread_name_prefix="plamo2-digest") as pool:
+        results = (
+            ((n, digests(m, n, pool)) for n in names) if m.format.combined
+            else pool.map(lambda n: (n, digests(m, n)), names)
+        )  # fmt: skip
+        for name, result in results:
+            out[name] = result
+            if progress:
+                progress(m.files[name].size)
+    return out
+
+
+def verify_shard_files(m: Manifest, ranks: Iterable[int], digests: bool = True) -> None:
+    """Every file of these ranks against the manifest (presence, header, digest): one
+    CheckpointError line naming each bad file."""
+    files = [(rank, name) for rank in ranks for name in m.rank_files(rank)]
+    problems = [p for _, name in files if (p := presence_problem(m, name))]
+    if not problems:
+        problems = [p for rank, name in files if (p := header_problem(m, rank, name))]
+    if not problems and digests:
+        found = all_digests(m, [name for _, name in files])
+        problems = [digest_mismatch(m, n) for n, (whole, _) in found.items() if whole != m.file_digest(n)]
+    if problems:
+        raise CheckpointError(
+            f"{m.path}: {'; '.join(problems)}: the shards do not match their manifest "
+            f"(`plamo2-tools check {m.path}` shows everything)"
+        )

@@ -2,20 +2,16 @@
 manifest `plamo2_shards.json`, its writer and its reader.  The manifest is written last; its
 presence means the conversion is complete.  Everything that reads shards (check, merge, reshard,
 the runtime, eval, inspect) goes through `load_manifest`, which parses a directory's manifest once
-per process.
+per process into a typed `Manifest`: nothing outside this package reads the JSON itself.
 
-Format versions (docs/shard-format.md): 1 records SHA-256 digests under `sha256` keys; 2 names its
-algorithm once (`hash`, XXH3-128 when we write it) and records every digest under `digest`, with a
-file's digest built from its header and its tensors' digests (`combine_file_digest`), so that no
-byte is hashed twice.  Both versions are read and checked; only version 2 is written."""
+What differs between format versions (where digests are recorded, how a file digest is built,
+which tensors the layout held) is the version's object in `formats.py`."""
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
 import threading
-from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,22 +20,21 @@ from typing import Any
 import torch
 
 from .. import __version__
-from ..digest import HASHES, SHA256, XXH3_128, hash_range, new_hash, sha256_file
 from ..dtypes import dtype_name, parse_dtype
-from ..errors import CheckpointError
+from ..errors import CheckpointError, os_error
 from ..model import family_of, load_config
+from ..model.family import Family
 from ..model.layout import OutputTensor, Piece, parse_transform
 from ..parallel import Mapping
-from ..safetensors_io import SafetensorsFile, atomic_write_text, read_header
+from ..safetensors_io import atomic_write_text
+from .formats import FORMAT, HASH, WRITTEN, ShardFormat, format_of
+from .journal import JOURNAL_NAME
 from .lock import ensure_not_being_written
 
 MANIFEST_NAME = "plamo2_shards.json"
-JOURNAL_NAME = ".plamo2_convert.journal.jsonl"
-FORMAT = "plamo2-shards"
-FORMAT_VERSION = 2  # what convert writes
-READABLE_VERSIONS = (1, 2)  # what every reader accepts (and `check` verifies)
-HASH = XXH3_128  # the algorithm version 2 records when we write it
-VERSION_1_HASH = SHA256  # version 1 has no `hash` field: SHA-256 throughout
+FORMAT_VERSION = WRITTEN.version  # what convert writes
+
+__all__ = ["FORMAT", "FORMAT_VERSION", "HASH", "JOURNAL_NAME", "MANIFEST_NAME", "Manifest", "TensorEntry"]
 
 
 def file_name(rank: int, part: int) -> str:
@@ -59,6 +54,7 @@ def file_metadata(mapping: Mapping, rank: int) -> dict[str, str]:
     }
 
 
+# ---- the typed view ----------------------------------------------------------------------------
 @dataclass(frozen=True)
 class TensorEntry:
     """One output tensor as the manifest records it."""
@@ -70,61 +66,106 @@ class TensorEntry:
 
 
 @dataclass(frozen=True)
+class FileRecord:
+    size: int
+    digest: str  # of the whole file, in the manifest's algorithm by its version's rule
+    rank: int
+    part: int
+
+
+@dataclass(frozen=True)
+class SourceTensorRecord:
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class SourceRecord:
+    """The checkpoint the shards were made from."""
+
+    path: str
+    kind: str  # "hf" | "shards"
+    files: dict[str, dict[str, Any]]  # name -> {size, digest[, sha256]}
+    config_sha256: str
+    tensors: dict[str, SourceTensorRecord]  # HF name -> dtype, shape
+
+
+@dataclass(frozen=True)
+class Options:
+    dtype: str  # convert's --dtype ("auto": the source's)
+    max_part_size: int
+    tied_embeddings: bool
+    padded_vocab: int
+
+
+@dataclass(frozen=True)
+class RankRecord:
+    rank: int
+    tp_rank: int
+    pp_rank: int
+    files: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class Manifest:
     path: Path  # the shard directory
-    raw: dict[str, Any]
+    format: ShardFormat
+    hash: str  # the algorithm of every digest this manifest records
+    tool_version: str | None
+    fingerprint: str
+    source: SourceRecord
     config: Any  # the typed config of the model's family (model/registry.py)
     mapping: Mapping
+    ranks: tuple[RankRecord, ...]
+    options: Options
+    copied_files: tuple[str, ...]
+    files: dict[str, FileRecord]
     entries: dict[int, dict[str, TensorEntry]]  # rank -> key -> entry
 
     @property
     def version(self) -> int:
-        return int(self.raw["format_version"])
+        return self.format.version
 
     @property
-    def hash(self) -> str:
-        """The algorithm of every digest this manifest records."""
-        return self.raw.get("hash", VERSION_1_HASH) if self.version >= 2 else VERSION_1_HASH
-
-    @property
-    def files(self) -> dict[str, dict[str, Any]]:
-        return self.raw["files"]
+    def family(self) -> Family:
+        return family_of(self.config)
 
     def file_digest(self, name: str) -> str:
-        """The recorded digest of one shard file (version 1: its sha256)."""
-        return self.raw["files"][name][_DIGEST_KEY[self.version]]
+        """The recorded digest of one shard file."""
+        return self.files[name].digest
 
     def digests_of(self, path: Path, pool: Executor | None = None) -> tuple[str, dict[str, str]]:
         """(file digest, {tensor key: digest}) of a file on disk, computed the way this manifest's
         version defines them (what `check`, resume and the runtime compare)."""
-        return file_digests(path, self.version, self.hash, pool)
+        return self.format.digests(path, self.hash, pool)
 
     def rank_files(self, rank: int) -> list[str]:
-        return self.raw["mapping"]["ranks"][rank]["files"]
+        return list(self.ranks[rank].files)
+
+    @property
+    def source_tensors(self) -> dict[str, SourceTensorRecord]:
+        return self.source.tensors
+
+    @property
+    def out_dtype(self) -> torch.dtype | None:
+        """convert's --dtype (None: "auto", every tensor kept its source dtype)."""
+        return None if self.options.dtype == "auto" else parse_dtype(self.options.dtype)
 
     @property
     def activation_dtype(self) -> torch.dtype:
         """The dtype the runtime computes in: convert's --dtype, or with "auto" that of the family's
         activation tensor (its decoder weights) as converted."""
-        chosen = self.raw["options"]["dtype"]
-        if chosen != "auto":
-            return parse_dtype(chosen)
-        suffix = family_of(self.config).activation_tensor
+        if self.out_dtype is not None:
+            return self.out_dtype
+        suffix = self.family.activation_tensor
         for entries in self.entries.values():
             for key, e in entries.items():
                 if key.endswith(suffix):
                     return e.tensor.dtype
         raise CheckpointError(f"{self.path}: no {suffix} in the manifest: cannot tell the activation dtype")
 
-    @property
-    def source_tensors(self) -> dict[str, dict[str, Any]]:
-        """HF name -> {dtype, shape} of the checkpoint the shards were made from."""
-        return self.raw["source"]["tensors"]
 
-
-_DIGEST_KEY = {1: "sha256", 2: "digest"}  # where each version records a digest
-
-
+# ---- writing --------------------------------------------------------------------------------------
 def tensor_record(t: OutputTensor, file: str, digest: str) -> dict[str, Any]:
     return {
         "file": file,
@@ -162,6 +203,7 @@ def build_manifest(
         "format_version": FORMAT_VERSION,
         "hash": HASH,
         "plamo2_tools_version": __version__,
+        "family": family_of(config).name,
         "fingerprint": fingerprint,
         "source": source,
         "mapping": {
@@ -203,6 +245,7 @@ def config_sha256(directory: Path) -> str:
     return hashlib.sha256((directory / "config.json").read_bytes()).hexdigest()
 
 
+# ---- reading --------------------------------------------------------------------------------------
 _CACHE: dict[tuple[str | int, ...], Manifest] = {}
 _CACHE_LOCK = threading.Lock()
 
@@ -236,82 +279,76 @@ def _parse_manifest(directory: Path, path: Path) -> Manifest:
         raise CheckpointError(f"{directory}: no {MANIFEST_NAME}: not a complete plamo2-tools shard directory{hint}")
     try:
         raw = json.loads(path.read_text())
-        if raw.get("format") != FORMAT:
-            raise CheckpointError(f"{path}: not a {FORMAT} manifest")
-        version = raw.get("format_version")
-        if version not in READABLE_VERSIONS:
-            raise CheckpointError(
-                f"{path}: format_version {version} is not supported (this is {__version__}, which reads format "
-                f"{' and '.join(map(str, READABLE_VERSIONS))})"
-            )
-        if version >= 2 and raw.get("hash") not in HASHES:
-            raise CheckpointError(
-                f"{path}: unknown hash algorithm {raw.get('hash')!r} (this is {__version__}, which knows "
-                f"{', '.join(HASHES)})"
-            )
-        digest_key = _DIGEST_KEY[version]
-        config = load_config(directory / "config.json")
-        m = raw["mapping"]
-        mapping = Mapping(m["tp_size"], m["pp_size"], tuple(tuple(s) for s in m["stages"]))
-        entries: dict[int, dict[str, TensorEntry]] = {}
-        for rank_str, tensors in raw["tensors"].items():
-            rank = int(rank_str)
-            entries[rank] = {}
-            for key, rec in tensors.items():
-                t = OutputTensor(
-                    key=key,
-                    source=rec["source"],
-                    shape=tuple(rec["shape"]),
-                    dtype=parse_dtype(rec["dtype"]),
-                    pieces=tuple(Piece(*p) for p in rec["pieces"]),
-                    transforms=tuple(parse_transform(x) for x in rec["transforms"]),
-                )
-                entries[rank][key] = TensorEntry(rank, rec["file"], t, rec[digest_key])
-    except (KeyError, TypeError, ValueError) as e:
-        raise CheckpointError(f"{path}: malformed manifest ({type(e).__name__}: {e})") from None
-    return Manifest(directory, raw, config, mapping, entries)
-
-
-# ---- digests of a safetensors file --------------------------------------------------------------
-def combine_file_digest(header: bytes, tensor_digests: Sequence[str], algorithm: str = HASH) -> str:
-    """Version 2's digest of a whole safetensors file: H(header ‖ d_1 ‖ d_2 ‖ ...), where `header`
-    is the file's first bytes up to its data (8-byte length + JSON) and d_i the raw digests of its
-    tensors in data-offset order.  A safetensors file is exactly its header and its tensors' bytes
-    (read_header refuses holes, overlaps and trailing bytes), so this covers every byte, and each
-    byte is hashed once even though both the file and its tensors get a digest."""
-    h = new_hash(algorithm)
-    h.update(header)
-    for d in tensor_digests:
-        h.update(bytes.fromhex(d))
-    return h.hexdigest()
-
-
-def file_digests(
-    path: Path, version: int = FORMAT_VERSION, algorithm: str = HASH, pool: Executor | None = None
-) -> tuple[str, dict[str, str]]:
-    """(file digest, {tensor: digest}) of a safetensors file as format `version` defines them.
-    Version 2's tensors are independent: with a pool they hash in parallel, one per thread."""
-    header = read_header(path)  # validates: the ranges below cover the file exactly
-    ranges = {k: (t.offset, t.offset + t.nbytes) for k, t in header.tensors.items()}
-    if version == 1:
-        return sha256_file(path, ranges)
-    fd = os.open(path, os.O_RDONLY)
+    except OSError as e:
+        raise os_error(e, f"{path}: cannot read") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{path}: not a valid manifest (not JSON: {e})") from None
+    if not isinstance(raw, dict) or raw.get("format") != FORMAT:
+        raise CheckpointError(f"{path}: not a {FORMAT} manifest")
+    fmt = format_of(raw.get("format_version"), str(path))
     try:
-        run: Callable[[tuple[int, int]], str] = lambda r: _range_digest(fd, r, algorithm)  # noqa: E731
-        order = sorted(ranges, key=lambda k: ranges[k][0])
-        digests = list(pool.map(run, [ranges[k] for k in order]) if pool else map(run, [ranges[k] for k in order]))
-    finally:
-        os.close(fd)
-    return combine_file_digest(header_bytes(header), digests, algorithm), dict(zip(order, digests, strict=True))
+        return _typed(directory, raw, fmt)
+    except CheckpointError as e:
+        raise CheckpointError(f"{path}: {e}") from None
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise CheckpointError(f"{path}: malformed manifest ({type(e).__name__}: {e})") from None
 
 
-def _range_digest(fd: int, r: tuple[int, int], algorithm: str) -> str:
-    h = new_hash(algorithm)
-    hash_range(fd, r[0], r[1], [h])
-    return h.hexdigest()
-
-
-def header_bytes(file: SafetensorsFile) -> bytes:
-    """The bytes before a file's data (what combine_file_digest starts with)."""
-    with open(file.path, "rb") as f:
-        return f.read(file.data_start)
+def _typed(directory: Path, raw: dict[str, Any], fmt: ShardFormat) -> Manifest:
+    algorithm = fmt.hash_of(raw)
+    config = load_config(directory / "config.json")
+    m = raw["mapping"]
+    mapping = Mapping(int(m["tp_size"]), int(m["pp_size"]), tuple((int(a), int(b)) for a, b in m["stages"]))
+    ranks = tuple(
+        RankRecord(int(r["rank"]), int(r["tp_rank"]), int(r["pp_rank"]), tuple(str(f) for f in r["files"]))
+        for r in m["ranks"]
+    )
+    if len(ranks) != mapping.world_size or any(r.rank != i for i, r in enumerate(ranks)):
+        raise CheckpointError(f"mapping.ranks lists {len(ranks)} ranks, not ranks 0..{mapping.world_size - 1}")
+    key = fmt.digest_key
+    files = {
+        str(name): FileRecord(int(rec["size"]), str(rec[key]), int(rec["rank"]), int(rec["part"]))
+        for name, rec in raw["files"].items()
+    }
+    entries: dict[int, dict[str, TensorEntry]] = {}
+    for rank_str, tensors in raw["tensors"].items():
+        rank = int(rank_str)
+        entries[rank] = {}
+        for tkey, rec in tensors.items():
+            t = OutputTensor(
+                key=tkey,
+                source=rec["source"],
+                shape=tuple(int(x) for x in rec["shape"]),
+                dtype=parse_dtype(rec["dtype"]),
+                pieces=tuple(Piece(*p) for p in rec["pieces"]),
+                transforms=tuple(parse_transform(x) for x in rec["transforms"]),
+            )
+            entries[rank][tkey] = TensorEntry(rank, rec["file"], t, str(rec[key]))
+    src = raw["source"]
+    source = SourceRecord(
+        path=str(src["path"]),
+        kind=str(src["kind"]),
+        files=dict(src["files"]),
+        config_sha256=str(src["config_sha256"]),
+        tensors={
+            str(n): SourceTensorRecord(parse_dtype(r["dtype"]), tuple(int(x) for x in r["shape"]))
+            for n, r in src["tensors"].items()
+        },
+    )
+    o = raw["options"]
+    options = Options(str(o["dtype"]), int(o["max_part_size"]), bool(o["tied_embeddings"]), int(o["padded_vocab"]))
+    return Manifest(
+        path=directory,
+        format=fmt,
+        hash=algorithm,
+        tool_version=raw.get("plamo2_tools_version"),
+        fingerprint=str(raw["fingerprint"]),
+        source=source,
+        config=config,
+        mapping=mapping,
+        ranks=ranks,
+        options=options,
+        copied_files=tuple(str(x) for x in raw.get("copied_files") or ()),
+        files=files,
+        entries=entries,
+    )

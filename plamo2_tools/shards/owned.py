@@ -10,24 +10,9 @@ from pathlib import Path
 
 from ..errors import CheckpointError
 from ..outputs import ensure_complete
+from .journal import Journal
 from .lock import ensure_not_being_written
-from .manifest import JOURNAL_NAME, MANIFEST_NAME
-
-
-def _journal(directory: Path) -> list[dict]:
-    try:
-        lines = (directory / JOURNAL_NAME).read_text().splitlines()
-    except OSError:
-        return []
-    rows = []
-    for line in lines:
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:  # a line cut short by a kill
-            continue
-        if isinstance(row, dict):
-            rows.append(row)
-    return rows
+from .manifest import MANIFEST_NAME
 
 
 def convert_outputs(out: Path) -> set[str]:
@@ -40,20 +25,20 @@ def convert_outputs(out: Path) -> set[str]:
     if isinstance(manifest, dict):
         names.update(manifest.get("files") or {})
         names.update(manifest.get("copied_files") or [])
-    rows = _journal(out)
-    if rows:
-        names.update(rows[0].get("writes") or [])
-        names.update(str(r["file"]) for r in rows[1:] if "file" in r)
+    state = Journal(out).state()
+    if state is not None:
+        names.update(state.writes)
+        names.update(state.finished)
     return names
 
 
 def unfinished_conversion(directory: Path) -> str | None:
     """A one-line description of an interrupted conversion in `directory` (journal, no manifest)."""
-    rows = _journal(directory)
-    if (directory / MANIFEST_NAME).exists() or not rows:
+    state = Journal(directory).state()
+    if (directory / MANIFEST_NAME).exists() or state is None:
         return None
-    planned = [n for n in rows[0].get("writes") or [] if n.endswith(".safetensors")]
-    done = {str(r["file"]) for r in rows[1:] if "file" in r}
+    planned = [n for n in state.writes if n.endswith(".safetensors")]
+    done = set(state.finished)
     count = f"{len(done)} of {len(planned)}" if planned else f"{len(done)}"
     return (f"{directory}: an unfinished conversion ({count} shard files finished, no {MANIFEST_NAME} yet): "
             "run the same convert again to resume it")  # fmt: skip

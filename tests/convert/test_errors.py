@@ -262,7 +262,7 @@ def test_damaged_shards_are_not_resharded_or_merged(cli, make_checkpoint, tmp_pa
     shards = tmp_path / "shards"
     cli("convert", make_checkpoint("tiny-gqa"), shards, "--tp", 2, "--json")
     flip_byte(shards / "model-rank-1-part-0.safetensors", -100)
-    says = "model-rank-1-part-0.safetensors: size or xxh3-128 digest"
+    says = "model-rank-1-part-0.safetensors: xxh3-128 digest differs from the manifest"
     _fails(cli, shards, tmp_path / "resharded", "--tp", 4, code=2, says=says)
     assert not (tmp_path / "resharded").exists()
     r = cli("merge", shards, tmp_path / "merged", expect=2)

@@ -174,7 +174,7 @@ def test_flipped_byte_in_a_tensor(cli, shards: Path) -> None:
     flip_byte(shards / name, len(data) - 3)  # inside the file's last tensor
     failed = _failed(cli, shards)
     assert set(failed) == {"files", "tensors"}
-    assert failed["files"] == [f"{name}: {m.hash} digest differs from the manifest"]
+    assert failed["files"] == [f"{name}: {m.hash} digest differs from the manifest (damaged or replaced file?)"]
     assert len(failed["tensors"]) == 1 and failed["tensors"][0].startswith("rank 1: ")
 
 
@@ -219,7 +219,7 @@ def test_version_1_is_read_as_written(tmp_path: Path) -> None:
     for name in m.files:
         whole, tensors = independent_digests(V1 / name, 1)
         assert m.file_digest(name) == whole
-        rank = m.files[name]["rank"]
+        rank = m.files[name].rank
         assert {k: e.digest for k, e in m.entries[rank].items() if e.file == name} == tensors
         assert m.digests_of(V1 / name) == (whole, tensors)
 
@@ -240,7 +240,7 @@ def test_version_1_reshards_and_merges(cli, tmp_path: Path) -> None:
     shutil.copytree(V1, damaged)
     flip_byte(damaged / "model-rank-0-part-0.safetensors", -5)
     r = cli("convert", damaged, tmp_path / "never", "--tp", 1, expect=2)
-    assert "size or sha256 digest differs from the manifest" in " ".join(r.stderr.split())
+    assert "sha256 digest differs from the manifest" in " ".join(r.stderr.split())
 
 
 @pytest.mark.parametrize(
@@ -277,7 +277,9 @@ def test_version_2_with_sha256_named_is_checked_by_it(cli, make_checkpoint, tmp_
     assert load_manifest(out).hash == "sha256"
     assert json.loads(cli("check", out, "--json").stdout)["ok"] is True
     flip_byte(out / "model-rank-0-part-0.safetensors", -3)
-    assert _failed(cli, out)["files"] == ["model-rank-0-part-0.safetensors: sha256 digest differs from the manifest"]
+    assert _failed(cli, out)["files"] == [
+        "model-rank-0-part-0.safetensors: sha256 digest differs from the manifest (damaged or replaced file?)"
+    ]
 
 
 def test_a_failing_job_stops_the_run_cleanly(cli, medium_checkpoint: Path, tmp_path: Path,

@@ -59,7 +59,7 @@ def test_damaged_shards_are_refused_by_every_runner(cli, one_line_error, checkpo
                                                     how: str) -> None:  # fmt: skip
     shards = damaged(how)
     words = {"swapped": "header says tp_rank=1, expected 0 (another rank's file?)",
-             "flipped": "model-rank-0-part-0.safetensors: content differs from its recorded",
+             "flipped": "model-rank-0-part-0.safetensors: xxh3-128 digest differs from the manifest",
              "truncated": "(truncated or replaced)"}[how]  # fmt: skip
     for name, args in _commands(shards, checkpoints["tiny"], tmp_path).items():
         line = one_line_error(cli(*args, expect=2), 2)

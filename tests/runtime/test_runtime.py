@@ -183,7 +183,7 @@ def test_verify_cli_passes_and_catches_a_broken_shard(tmp_path, shards, checkpoi
     f.write_bytes(bytes(data))
     args = ["verify", str(broken), "--reference", str(checkpoints["tiny-gqa"]), "--max-new-tokens", "4"]
     refused = runner.invoke(app, args)
-    assert refused.exit_code == 2 and "model-rank-1-part-0.safetensors: content differs" in refused.stderr
+    assert refused.exit_code == 2 and "model-rank-1-part-0.safetensors: xxh3-128 digest differs" in refused.stderr
     bad = runner.invoke(app, [*args, "--no-verify"])
     assert bad.exit_code == 1, bad.output
     assert "FAIL" in bad.output

@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 
 from ...errors import Plamo2Error
 from ...shards import load_manifest
-from ...shards.integrity import verify_rank_files
+from ...shards.integrity import verify_shard_files
 from ..serving.engine import Runtime
 from .launch import launch as launch_ranks
 from .launch import resolve_job, save_result
@@ -42,7 +42,7 @@ def run_job(
         world = manifest.mapping.world_size
         # Checked here, once, so that a bad file is one line from this process before any rank
         # starts (a rank's own error would reach us only as torchrun's log tail).
-        verify_rank_files(manifest, range(world), digests=runtime.get("verify_files", True))
+        verify_shard_files(manifest, range(world), digests=runtime.get("verify_files", True))
         runtime = {**runtime, "verify_files": False}
         return launch_ranks(job, {"runtime": runtime, **args}, world, extra_env)
     # "auto": ranks as threads, or this process's rank when the caller itself runs under torchrun.

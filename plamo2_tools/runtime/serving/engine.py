@@ -24,7 +24,7 @@ from ...kernels import get_ops
 from ...model import family_of
 from ...model.forward import Comm, LayerState
 from ...parallel import RankInfo
-from ...shards.integrity import verify_rank_files
+from ...shards.integrity import verify_shard_files
 from ...shards.manifest import Manifest, load_manifest
 from ..rank.comm import DistComm, LocalComm, LocalWorld, init_distributed, shutdown_distributed
 from ..rank.weights import load_rank_weights
@@ -239,7 +239,7 @@ class Runtime:
         self._tokenizer: Any = None
         # The files this process loads, against the manifest, before any is used (shards/integrity.py).
         own = [int(os.environ.get("RANK", "0"))] if self.mode == "dist" else range(mapping.world_size)
-        verify_rank_files(self.manifest, own, digests=verify_files)
+        verify_shard_files(self.manifest, own, digests=verify_files)
         if self.mode == "dist":
             rank, world, local_device = init_distributed(device)
             if world != mapping.world_size:
