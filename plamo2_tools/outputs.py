@@ -15,11 +15,12 @@ with or without `--force`: the writer refuses with one line naming it.
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from .errors import CheckpointError, EnvironmentLimitError, OutputExistsError
+from .errors import CheckpointError, EnvironmentLimitError, OutputExistsError, human_bytes
 from .safetensors_io import atomic_write_text
 
 RECORD_NAME = ".plamo2_written.json"
@@ -105,3 +106,12 @@ def make_output_dir(out: Path) -> None:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise EnvironmentLimitError(f"{out}: cannot create the output directory ({e.strerror or e})") from None
+
+
+def check_free_space(out: Path, need: int, what: str) -> None:
+    """Refuse before writing when the output's filesystem has less room than `need` bytes."""
+    free = shutil.disk_usage(out).free
+    if need > free:
+        raise EnvironmentLimitError(
+            f"{out}: not enough disk space: {what} needs {human_bytes(need)}, {human_bytes(free)} free"
+        )

@@ -1,6 +1,12 @@
-"""The import graph docs/architecture.md promises: the model home below everything, the shard
-format below its users, the converter imported only by the commands, and no cycles between
-packages.  Read from the source with `ast` (lazy imports inside functions count too)."""
+"""The import graph docs/architecture.md promises, read from the source with `ast` (lazy imports
+inside functions count too):
+
+* packages: the model home below everything but the foundation (and the tokenizer leaf), the shard
+  format below its users, the converter imported only by the commands, no cycles between packages;
+* the runtime's three rooms: the rank below the serving loop below the processes;
+* files: no import cycle between any two modules of the package, and no module importing another
+  module's `_private` names.
+"""
 
 from __future__ import annotations
 
@@ -15,12 +21,6 @@ FOUNDATION = {"errors", "dtypes", "parallel", "safetensors_io", "digest", "outpu
 LEAVES = {"tokenizer"}
 
 
-def _unit(module: str) -> str:
-    """plamo2_tools.model.tensors -> 'model'; plamo2_tools.errors -> 'errors'."""
-    parts = module.split(".")
-    return parts[1] if len(parts) > 1 else "__init__"
-
-
 def _module_of(path: Path) -> str:
     rel = path.relative_to(ROOT.parent).with_suffix("")
     parts = list(rel.parts)
@@ -29,13 +29,17 @@ def _module_of(path: Path) -> str:
     return ".".join(parts)
 
 
-def _imports(path: Path) -> set[str]:
+MODULES = {_module_of(p): p for p in ROOT.rglob("*.py")}
+
+
+def _imports(path: Path) -> list[tuple[str, str | None]]:
+    """(module imported, name imported from it or None) for every import in the file."""
     module = _module_of(path)
     package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
-    found = set()
+    found: list[tuple[str, str | None]] = []
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
-            found |= {a.name for a in node.names if a.name.startswith("plamo2_tools")}
+            found += [(a.name, None) for a in node.names if a.name.startswith("plamo2_tools")]
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 base = package.split(".")
@@ -43,23 +47,48 @@ def _imports(path: Path) -> set[str]:
                 target = ".".join(base + ([node.module] if node.module else []))
             else:
                 target = node.module or ""
-            if target.startswith("plamo2_tools"):
-                names = [f"{target}.{a.name}" for a in node.names] if node.module is None or not node.level else []
-                found |= {target, *[n for n in names if (ROOT.parent / n.replace(".", "/")).exists()]}
+            if not target.startswith("plamo2_tools"):
+                continue
+            for a in node.names:
+                if f"{target}.{a.name}" in MODULES:  # `from . import x`: the module x itself
+                    found.append((f"{target}.{a.name}", None))
+                else:
+                    found.append((target, a.name))
     return found
 
 
-def _graph() -> dict[str, set[str]]:
-    """unit -> units it imports (self-imports dropped)."""
+def _file_graph() -> dict[str, set[str]]:
+    return {m: {t for t, _ in _imports(p) if t in MODULES and t != m} for m, p in MODULES.items()}
+
+
+FILES = _file_graph()
+
+
+def _unit(module: str) -> str:
+    """plamo2_tools.model.layout -> 'model'; plamo2_tools.errors -> 'errors'."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def _package_graph() -> dict[str, set[str]]:
     graph: dict[str, set[str]] = {}
-    for path in ROOT.rglob("*.py"):
-        unit = _unit(_module_of(path)) if path.parent != ROOT or path.name != "__init__.py" else "__init__"
-        deps = {_unit(m) for m in _imports(path) if m.count(".") >= 1}
-        graph.setdefault(unit, set()).update(deps - {unit, "__init__"})
+    for m, deps in FILES.items():
+        unit = _unit(m)
+        graph.setdefault(unit, set()).update({_unit(d) for d in deps} - {unit, "__init__"})
     return graph
 
 
-GRAPH = _graph()
+GRAPH = _package_graph()
+
+
+def _reach(graph: dict[str, set[str]], start: str) -> set[str]:
+    seen, todo = set(), [start]
+    while todo:
+        for dep in graph.get(todo.pop(), set()):
+            if dep not in seen:
+                seen.add(dep)
+                todo.append(dep)
+    return seen
 
 
 def test_the_model_home_imports_only_the_foundation() -> None:
@@ -71,25 +100,54 @@ def test_the_shard_format_home_imports_only_the_model_and_foundation() -> None:
     assert GRAPH["shards"] <= FOUNDATION | {"model"}, GRAPH["shards"] - FOUNDATION - {"model"}
 
 
-@pytest.mark.parametrize("unit", ["runtime", "eval", "inspect", "kernels", "shards", "model", "tokenizer"])
+def test_kernels_know_no_model() -> None:
+    assert GRAPH["kernels"] <= FOUNDATION, GRAPH["kernels"] - FOUNDATION
+
+
+@pytest.mark.parametrize("unit", ["runtime", "eval", "inspect", "kernels", "shards", "model", "tokenizer", "verify"])
 def test_nothing_but_the_commands_imports_convert(unit: str) -> None:
     assert "convert" not in GRAPH.get(unit, set())
 
 
-def test_no_cycles_between_packages() -> None:
-    def reach(start: str) -> set[str]:
-        seen, todo = set(), [start]
-        while todo:
-            for dep in GRAPH.get(todo.pop(), set()):
-                if dep not in seen:
-                    seen.add(dep)
-                    todo.append(dep)
-        return seen
+def test_nothing_imports_the_cli() -> None:
+    users = {m for m, deps in FILES.items() if any(_unit(d) == "cli" for d in deps) and _unit(m) != "cli"}
+    assert not users, users
 
-    cycles = sorted(u for u in GRAPH if u in reach(u))
+
+def test_no_cycles_between_packages() -> None:
+    cycles = sorted(u for u in GRAPH if u in _reach(GRAPH, u))
     assert not cycles, {u: sorted(GRAPH[u]) for u in cycles}
 
 
+def test_the_runtime_rooms_stack_rank_serving_process() -> None:
+    """rank (the rank's weights and collectives) <- serving (the loop) <- process (launch, jobs)."""
+    order = ["rank", "serving", "process"]
+    for m, deps in FILES.items():
+        parts = m.split(".")
+        if parts[:2] != ["plamo2_tools", "runtime"] or len(parts) < 4:
+            continue
+        room = order.index(parts[2])
+        for d in deps:
+            dp = d.split(".")
+            if dp[:2] == ["plamo2_tools", "runtime"] and len(dp) >= 4:
+                assert order.index(dp[2]) <= room, f"{m} imports {d}: a lower room imports a higher one"
+
+
+def test_no_cycles_between_files() -> None:
+    """Not even between two modules of one package (a lazy import inside a function counts)."""
+    cycles = sorted(m for m in FILES if m in _reach(FILES, m))
+    assert not cycles, {m: sorted(FILES[m]) for m in cycles}
+
+
+def test_no_private_names_across_files() -> None:
+    offenders = [(m, t, name) for m, p in MODULES.items() for t, name in _imports(p)
+                 if name and name.startswith("_") and not name.startswith("__")]  # fmt: skip
+    assert not offenders, offenders
+
+
 def test_the_graph_is_read_at_all() -> None:
-    """Guards the guard: the parser sees the imports it should."""
+    """Guards the guard: the parser sees the imports it should, and finds a planted cycle."""
     assert "model" in GRAPH["shards"] and "shards" in GRAPH["runtime"] and "convert" in GRAPH["cli"]
+    assert "plamo2_tools.model.layout" in FILES["plamo2_tools.model.family"]
+    planted = {**FILES, "plamo2_tools.model.layout": FILES["plamo2_tools.model.layout"] | {"plamo2_tools.model.family"}}
+    assert "plamo2_tools.model.layout" in _reach(planted, "plamo2_tools.model.layout")

@@ -27,8 +27,8 @@ import torch
 
 from ..digest import SHA256, hash_range, mapped_windows, new_hash
 from ..dtypes import dtype_name
-from ..errors import CheckpointError, EnvironmentLimitError, OutputExistsError, UserError, human_bytes
-from ..outputs import make_output_dir, refuse_foreign, remove_outputs
+from ..errors import CheckpointError, OutputExistsError, UserError
+from ..outputs import check_free_space, make_output_dir, refuse_foreign, remove_outputs
 from ..safetensors_io import PartialFile, fsync_dir, read_header
 from ..shards.formats import HASH, WRITTEN, combine_file_digest, header_bytes
 from ..shards.journal import Journal
@@ -290,14 +290,6 @@ class _InputDigests:
         return out
 
 
-def _check_disk(out: Path, need: int, what: str = "the conversion") -> None:
-    free = shutil.disk_usage(out).free
-    if need > free:
-        raise EnvironmentLimitError(
-            f"{out}: not enough disk space: {what} needs {human_bytes(need)}, {human_bytes(free)} free"
-        )
-
-
 def convert(
     src: str | Path,
     out: str | Path,
@@ -393,7 +385,7 @@ def _convert(
             todo = [kept for u in plan.units if (kept := [f for f in u if f.name not in reused])]
             if reused:
                 log.info("resuming: %d finished file(s) verified and kept", len(reused))
-            _check_disk(out, sum(f.layout.size for u in todo for f in u))
+            check_free_space(out, sum(f.layout.size for u in todo for f in u), "the conversion")
             if on_plan:
                 on_plan(plan)
             journal = Journal(out)

@@ -17,9 +17,9 @@ import torch
 from ..errors import UserError
 from ..model import hf_tensor_shapes
 from ..model.checkpoint import INDEX_NAME, hf_file_names, write_hf_weights
-from ..outputs import make_output_dir, prepare_output, write_record
+from ..outputs import check_free_space, make_output_dir, prepare_output, write_record
 from ..shards.lock import OutputLock, ensure_not_being_written
-from .engine import CHUNK_BYTES, _check_disk
+from .engine import CHUNK_BYTES
 from .plan import DEFAULT_MAX_PART_SIZE, output_path_problems
 from .sources import ShardSource, side_files
 
@@ -55,7 +55,7 @@ def merge(
         make_output_dir(out)
         lock = OutputLock(out, "merge")
         prepare_output(out, writes, force)
-        _check_disk(out, sum(source.tensors[n].row_bytes * source.tensors[n].rows for n in tensors), "the merge")
+        check_free_space(out, sum(source.tensors[n].row_bytes * source.tensors[n].rows for n in tensors), "the merge")
         write_record(out, "merge", str(source.path), writes, "writing")
 
         def chunks(name: str) -> Iterator[tuple[int, torch.Tensor]]:
