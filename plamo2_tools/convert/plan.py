@@ -117,7 +117,7 @@ def canonical_order(cfg: Any) -> dict[str, int]:
     Sources are streamed and output files laid out in this order, which does not depend on how
     the source checkpoint happens to be split into files."""
     order = {name: i for i, name in enumerate(hf_tensor_shapes(cfg))}
-    order[CONSTANT] = len(order)  # vLLM's extra scalars (model/tensors.py VLLM_EXTRAS) come last
+    order[CONSTANT] = len(order)  # a family's constants (vLLM's scale buffers, `Family.extras`) come last
     return order
 
 

@@ -88,7 +88,7 @@ Segment = Copy | Gather | Compute | Zeros
 
 def segments(t: OutputTensor, source: Source) -> list[Segment]:
     """The tensor's bytes as segments in output order."""
-    if t.source not in source.tensors:  # a constant (model/tensors.py VLLM_EXTRAS): no source rows
+    if t.source not in source.tensors:  # a constant (`Family.extras`): no source rows
         return [Compute(-1, t.nbytes)]
     st = source.tensors[t.source]
     where = source.locate(t.source)

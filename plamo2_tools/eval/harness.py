@@ -75,7 +75,7 @@ class EvalRequest:
         return args
 
 
-@result_type  # comes back from torchrun rank 0 as data (runtime/result_io.py), not as a pickle
+@result_type  # comes back from torchrun rank 0 as data (runtime/process/result_io.py), not as a pickle
 @dataclass
 class EvalOutcome:
     results: dict[str, Any]  # lm-eval's results dict, without "samples"

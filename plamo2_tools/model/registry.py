@@ -18,8 +18,9 @@ from ..errors import ConfigError
 from . import layout
 from .family import Family
 from .plamo2 import FAMILY as PLAMO2
+from .plamo3 import FAMILY as PLAMO3
 
-FAMILIES: list[Family] = [PLAMO2]
+FAMILIES: list[Family] = [PLAMO2, PLAMO3]
 
 
 def register(family: Family) -> Family:

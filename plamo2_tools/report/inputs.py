@@ -2,7 +2,7 @@
 
 Our own result files say what they are: each carries `"kind"` and `"schema_version"`, defined
 beside the code that writes it (CONVERT_KIND in convert/engine.py, VERIFY_KIND in
-runtime/verify.py, ...), and that is all the report goes by; a file of ours in a version this
+verify.py, ...), and that is all the report goes by; a file of ours in a version this
 report does not read is skipped with a note saying so.  lm-eval's own results files are the one
 external format: they are recognised by the structure lm-eval 0.4 documents for them.
 File names carry no meaning (lm-eval stamps its results with the time, users rename things).

@@ -1,0 +1,88 @@
+"""One rank of PLaMo 3: the decoder layers of its PP stage with TP-sharded weights, exactly the
+tensors `convert` wrote for it (vLLM 0.26's Plamo3ForCausalLM per-rank state).  Every layer is
+PLaMo's four-norm layer (model/forward.py) around an attention mixer; sliding layers see the
+window of the chosen convention, and every layer type has its own RoPE table (YaRN on the full
+layers when the config asks for it).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from ..forward import (
+    Batch,
+    Comm,
+    LayerState,
+    PlamoLayer,
+    RankModel,
+    kv_state,
+    layer_weights,
+    mixer_weights,
+    rope_cos_sin,
+)
+from .config import Plamo3Config
+from .rope import inv_freq
+from .tensors import RankSizes
+
+Tensor = torch.Tensor
+
+
+class AttentionMixer:
+    def __init__(self, cfg: Plamo3Config, w: dict[str, Tensor], sizes: RankSizes, layer: int, ops: Any, comm: Comm,
+                 convention: str) -> None:  # fmt: skip
+        self.cfg, self.ops, self.comm = cfg, ops, comm
+        self.q_heads, self.kv_heads = sizes.q_heads, sizes.kv_heads
+        self.qkv_proj, self.o_proj = w["qkv_proj.weight"], w["o_proj.weight"]
+        # The fused q/k-norm + RoPE + cache-write kernel takes one scale row per head: PLaMo 3's
+        # single [d] vector, repeated (a few KiB per layer).
+        self.q_norm = w["q_norm.weight"].expand(self.q_heads, -1).contiguous()
+        self.k_norm = w["k_norm.weight"].expand(self.kv_heads, -1).contiguous()
+        self.window = cfg.window_keys(layer, convention)  # keys besides the query; None = full causal
+        self.rope_kind = cfg.layer_types[layer]
+        self.scale = cfg.head_dim**-0.5
+
+    def new_state(self, batch: int, capacity: int, dtype: torch.dtype, device: torch.device) -> LayerState:
+        return kv_state(batch, capacity, self.kv_heads, self.cfg.head_dim, dtype, device)
+
+    def __call__(self, a: Tensor, batch: Batch, state: LayerState, context: dict[Any, Any]) -> Tensor:
+        T, d = a.shape[0], self.cfg.head_dim
+        q = self.ops.qk_norm_rope(
+            F.linear(a, self.qkv_proj), self.q_norm, self.k_norm, self.cfg.rms_norm_eps, *context[self.rope_kind],
+            state.k, state.v, batch.seq_index, batch.positions,
+        )  # fmt: skip
+        o = self.ops.attention(q, state.k, state.v, batch.cu_seqlens, batch.kv_lens, self.scale, self.window)
+        return self.comm.all_reduce(F.linear(o.reshape(T, self.q_heads * d), self.o_proj))
+
+
+class Plamo3RankModel(RankModel):
+    def prepare(self, batch: Batch) -> dict[Any, Any]:
+        """One RoPE table per layer type on this stage (plain on sliding layers, YaRN-scaled on
+        full ones when configured)."""
+        cfg: Plamo3Config = self.cfg
+        tables = {}
+        for kind in {layer.mixer.rope_kind for layer in self.layers}:
+            rope = cfg.rope_full if kind == "full_attention" else cfg.rope_sliding
+            freqs, scale = inv_freq(cfg.head_dim, rope)
+            tables[kind] = rope_cos_sin(batch.positions, cfg.head_dim, rope.theta, torch.float32, freqs, scale)
+        return tables
+
+
+def build_rank_model(family: Any, cfg: Plamo3Config, stage: tuple[int, int], weights: dict[str, Tensor], ops: Any,
+                     comm: Comm, dtype: torch.dtype | None = None, window_convention: str = "hf",
+                     **options: Any) -> Plamo3RankModel:  # fmt: skip
+    info = comm.info
+    sizes = family.rank_sizes(cfg, info.tp, info.tp_rank)
+    layers = []
+    for i in range(*stage):
+        w = layer_weights(weights, family.layer_prefix.format(i))
+        mixer = AttentionMixer(cfg, mixer_weights(w), sizes, i, ops, comm, window_convention)
+        layers.append(PlamoLayer(i, mixer, w, cfg.rms_norm_eps, ops, comm))
+    if "lm_head.weight" in weights and not cfg.tie_word_embeddings:
+        # vLLM's untied head holds extra rows after each rank's vocabulary block (zeros, never
+        # loaded); the logits of this rank are its first vocab_rows.
+        weights = {**weights, "lm_head.weight": weights["lm_head.weight"][: sizes.vocab_rows]}
+    act = dtype or next(iter(weights.values())).dtype
+    return Plamo3RankModel(cfg, layers, weights, ops, comm, (sizes.vocab_start, sizes.vocab_rows), act)

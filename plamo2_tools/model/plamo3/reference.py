@@ -1,0 +1,83 @@
+"""The reference forward: PLaMo 3 in plain PyTorch on the unsharded HF checkpoint, step by step as
+docs/plamo3.md writes it, with either window convention.  The oracle verify trusts, so it is
+written to be read: explicit masks, weights streamed one layer at a time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from ...errors import UserError
+from .. import reference_ops as ops
+from .config import FINAL_NORM_OFFSET, NORM_OFFSETS, QK_NORM_OFFSET, Plamo3Config
+from .rope import inv_freq
+
+
+def rope(x: torch.Tensor, positions: torch.Tensor, freqs: torch.Tensor, scale: float) -> torch.Tensor:
+    """NeoX rotate-half RoPE over the whole head dim.  x: (T, H, d)."""
+    angles = positions.to(device=x.device, dtype=torch.float64)[:, None] * freqs.to(x.device)[None, :]
+    cos = (torch.cat([angles.cos(), angles.cos()], -1) * scale)[:, None, :].to(x.dtype)
+    sin = (torch.cat([angles.sin(), angles.sin()], -1) * scale)[:, None, :].to(x.dtype)
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+
+
+def attention_mixer(a: torch.Tensor, w: dict[str, torch.Tensor], cfg: Plamo3Config, layer: int,
+                    convention: str) -> torch.Tensor:  # fmt: skip
+    T = a.shape[0]
+    H, K, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+    q, k, v = (a @ w["qkv_proj.weight"].T).split([H * d, K * d, K * d], dim=-1)
+    # One [d] scale shared by every head, over head_dim, before RoPE.
+    q = ops.rms_norm(q.reshape(T, H, d), QK_NORM_OFFSET + w["q_norm.weight"], cfg.rms_norm_eps)
+    k = ops.rms_norm(k.reshape(T, K, d), QK_NORM_OFFSET + w["k_norm.weight"], cfg.rms_norm_eps)
+    freqs, scale = inv_freq(d, cfg.rope(layer))
+    positions = torch.arange(T)
+    q, k = rope(q, positions, freqs, scale), rope(k, positions, freqs, scale)
+    o = ops.attention(q, k, v.reshape(T, K, d), scale=d**-0.5, window=cfg.window_keys(layer, convention))
+    return o.reshape(T, H * d) @ w["o_proj.weight"].T
+
+
+def decoder_layer(h: torch.Tensor, w: dict[str, torch.Tensor], cfg: Plamo3Config, layer: int,
+                  convention: str) -> torch.Tensor:  # fmt: skip
+    eps = cfg.rms_norm_eps
+
+    def norm(x: torch.Tensor, name: str) -> torch.Tensor:
+        return ops.rms_norm(x, NORM_OFFSETS[name] + w[f"{name}.weight"], eps)
+
+    mixer_w = {k.removeprefix("mixer."): v for k, v in w.items() if k.startswith("mixer.")}
+    h = h + norm(attention_mixer(norm(h, "pre_mixer_norm"), mixer_w, cfg, layer, convention), "post_mixer_norm")
+    gate, up = (norm(h, "pre_mlp_norm") @ w["mlp.gate_up_proj.weight"].T).chunk(2, dim=-1)
+    return h + norm((F.silu(gate) * up) @ w["mlp.down_proj.weight"].T, "post_mlp_norm")
+
+
+@torch.no_grad()
+def reference_logits(
+    ckpt: Any,  # model.checkpoint.HFCheckpoint
+    sequences: Sequence[Sequence[int]],
+    dtype: torch.dtype = torch.float64,
+    device: torch.device | str = "cpu",
+    window_convention: str = "hf",
+) -> list[torch.Tensor]:
+    """float32 CPU logits (T_i, V) for each token sequence, computed in `dtype` on `device`."""
+    cfg: Plamo3Config = ckpt.config
+    V = cfg.vocab_size
+    for seq in sequences:
+        bad = [t for t in seq if not 0 <= t < V]
+        if bad:
+            raise UserError(f"token id(s) {bad[:5]} outside the vocabulary [0, {V})")
+    embed = ckpt.get("model.embed_tokens.weight")
+    hs = [embed[torch.as_tensor(list(seq), dtype=torch.long)].to(device=device, dtype=dtype) for seq in sequences]
+    del embed
+    for layer in range(cfg.num_hidden_layers):
+        prefix = f"model.layers.layers.{layer}."
+        w = {n.removeprefix(prefix): ckpt.get(n).to(device=device, dtype=dtype) for n in ckpt.tensors
+             if n.startswith(prefix)}  # fmt: skip
+        hs = [decoder_layer(h, w, cfg, layer, window_convention) for h in hs]
+    final = FINAL_NORM_OFFSET + ckpt.get("model.norm.weight").to(device=device, dtype=dtype)
+    head_name = "model.embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight"
+    head = ckpt.get(head_name)[:V].to(device=device, dtype=dtype)
+    return [(ops.rms_norm(h, final, cfg.rms_norm_eps) @ head.T).float().cpu() for h in hs]
