@@ -58,6 +58,11 @@ class AttentionMixer:
 
 
 class Plamo3RankModel(RankModel):
+    def embed_tokens(self, ids: Tensor) -> Tensor:
+        h = super().embed_tokens(ids)
+        # PFN's ports scale by sqrt(D) when the config says so (docs/plamo3.md §4.1; vLLM 0.26 ignores it).
+        return h * self.cfg.hidden_size**0.5 if self.cfg.scale_embedding else h
+
     def prepare(self, batch: Batch) -> dict[Any, Any]:
         """One RoPE table per layer type on this stage (plain on sliding layers, YaRN-scaled on
         full ones when configured)."""

@@ -71,6 +71,8 @@ def reference_logits(
             raise UserError(f"token id(s) {bad[:5]} outside the vocabulary [0, {V})")
     embed = ckpt.get("model.embed_tokens.weight")
     hs = [embed[torch.as_tensor(list(seq), dtype=torch.long)].to(device=device, dtype=dtype) for seq in sequences]
+    if cfg.scale_embedding:  # PFN's ports scale by sqrt(D) when the config says so (vLLM 0.26 ignores the key)
+        hs = [h * cfg.hidden_size**0.5 for h in hs]
     del embed
     for layer in range(cfg.num_hidden_layers):
         prefix = f"model.layers.layers.{layer}."
