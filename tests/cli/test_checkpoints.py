@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
+from typer.testing import Result
 
 from plamo2_tools.inspect import INSPECT_KIND, INSPECT_SCHEMA_VERSION
 from plamo2_tools.model import hf_tensor_shapes, num_parameters
@@ -20,20 +21,9 @@ from plamo2_tools.model.plamo2.presets import TINY_PRESETS
 from plamo2_tools.model.plamo2.reference import reference_logits
 from plamo2_tools.model.synth import preset_config
 
-from .conftest import CliResult, MakeCkpt
-
-Cli = Callable[..., CliResult]
-
-
-def assert_one_line_error(r: CliResult, code: int = 2) -> str:
-    """A user error: the given exit code, one line on stderr, no traceback, nothing on stdout."""
-    assert r.exception is None, repr(r.exception)
-    assert r.exit_code == code
-    lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1, r.stderr
-    assert lines[0].startswith("error:")
-    assert "Traceback" not in r.stderr + r.stdout
-    return lines[0]
+Cli = Callable[..., Result]
+Checkpoint = Callable[..., Path]  # the `checkpoint` fixture of tests/conftest.py
+OneLineError = Callable[..., str]
 
 
 # ---- synth + inspect + logits for every tiny preset ----------------------------------------------
@@ -105,20 +95,20 @@ def test_synth_multi_file(tmp_path: Path, cli: Cli) -> None:
         (["--files", "1000"], "files"),
     ],
 )
-def test_synth_bad_input(tmp_path: Path, cli: Cli, args: list[str], match: str) -> None:
-    assert match in assert_one_line_error(cli("synth", tmp_path / "x", *args, "--json"))
+def test_synth_bad_input(tmp_path: Path, cli: Cli, one_line_error: OneLineError, args: list[str], match: str) -> None:
+    assert match in one_line_error(cli("synth", tmp_path / "x", *args, "--json", expect=2), 2)
 
 
-def test_synth_refuses_existing_output(tmp_path: Path, cli: Cli) -> None:
+def test_synth_refuses_existing_output(tmp_path: Path, cli: Cli, one_line_error: OneLineError) -> None:
     out = tmp_path / "ckpt"
     assert cli("synth", out, "--preset", "tiny-edge", "--json").exit_code == 0
-    assert "--force" in assert_one_line_error(cli("synth", out, "--preset", "tiny-edge", "--json"))
+    assert "--force" in one_line_error(cli("synth", out, "--preset", "tiny-edge", "--json", expect=2), 2)
     assert cli("synth", out, "--preset", "tiny-edge", "--force", "--json").exit_code == 0
 
 
 # ---- inspect: TP/PP table and broken checkpoints -------------------------------------------------
-def test_inspect_split_table(cli: Cli, make_ckpt: MakeCkpt) -> None:
-    path = make_ckpt("tiny", 0)  # Hq 4, Hkv 1, Hm 8, F 96, Vp 1024, L 4
+def test_inspect_split_table(cli: Cli, checkpoint: Checkpoint) -> None:
+    path = checkpoint("tiny", 0)  # Hq 4, Hkv 1, Hm 8, F 96, Vp 1024, L 4
     info = json.loads(cli("inspect", path, "--json").stdout)
     tp = {row["tp"]: row for row in info["splits"]["tp"]}
     assert tp[1]["ok"] and tp[2]["ok"] and tp[4]["ok"]
@@ -136,16 +126,16 @@ def test_inspect_split_table(cli: Cli, make_ckpt: MakeCkpt) -> None:
     assert "no" in row and "does not divide" in row
 
 
-def test_inspect_reports_gqa_replication_note(cli: Cli, make_ckpt: MakeCkpt) -> None:
-    info = json.loads(cli("inspect", make_ckpt("tiny-gqa", 0), "--json").stdout)
+def test_inspect_reports_gqa_replication_note(cli: Cli, checkpoint: Checkpoint) -> None:
+    info = json.loads(cli("inspect", checkpoint("tiny-gqa", 0), "--json").stdout)
     tp4 = next(row for row in info["splits"]["tp"] if row["tp"] == 4)
     assert tp4["ok"] and "replicated" in tp4["notes"][0]
 
 
 @pytest.fixture
-def broken(make_ckpt: MakeCkpt, copy_ckpt: Callable[[Path], Path]) -> Path:
+def broken(checkpoint: Checkpoint, private_copy: Callable[[Path], Path]) -> Path:
     """tiny with one tensor missing, one unexpected and one misshapen."""
-    path = copy_ckpt(make_ckpt("tiny", 0))
+    path = private_copy(checkpoint("tiny", 0))
     tensors = load_file(path / "model.safetensors")
     del tensors["model.layers.layers.2.mixer.dt_bias"]
     tensors["model.layers.layers.1.mixer.rotary_emb.inv_freq"] = torch.zeros(8)
@@ -170,45 +160,48 @@ def test_inspect_json_reports_inventory_problems(cli: Cli, broken: Path) -> None
 
 
 def test_logits_refuses_broken_checkpoint(tmp_path: Path, cli: Cli, broken: Path) -> None:
-    r = cli("logits", broken, "--input-ids", "1,2", "--out", tmp_path / "x.npy")
+    r = cli("logits", broken, "--input-ids", "1,2", "--out", tmp_path / "x.npy", expect=2)  # no uncaught exception
     msg = r.stderr
-    assert r.exception is None and r.exit_code == 2 and "Traceback" not in msg
+    assert r.exit_code == 2 and "Traceback" not in msg
     assert "3 problem(s)" in msg
     for name in ("2.mixer.dt_bias", "1.mixer.rotary_emb.inv_freq", "3.mlp.down_proj.weight"):
         assert f"model.layers.layers.{name}" in msg
     assert not (tmp_path / "x.npy").exists()
 
 
-def test_inspect_corrupt_file_is_one_line(cli: Cli, make_ckpt: MakeCkpt, copy_ckpt: Callable[[Path], Path]) -> None:
-    path = copy_ckpt(make_ckpt("tiny", 0))
+def test_inspect_corrupt_file_is_one_line(cli: Cli, one_line_error: OneLineError, checkpoint: Checkpoint,
+                                          private_copy: Callable[[Path], Path]) -> None:  # fmt: skip
+    path = private_copy(checkpoint("tiny", 0))
     data = (path / "model.safetensors").read_bytes()
     (path / "model.safetensors").write_bytes(data[:-10])
-    assert "truncated" in assert_one_line_error(cli("inspect", path, "--json"))
+    assert "truncated" in one_line_error(cli("inspect", path, "--json", expect=2), 2)
 
 
 # ---- logits: bad input ----------------------------------------------------------------------------
 @pytest.mark.parametrize("ids", ["1,2,1000", "1000", "5,-1", "0,99999999"])
-def test_logits_token_outside_vocabulary(tmp_path: Path, cli: Cli, make_ckpt: MakeCkpt, ids: str) -> None:
-    r = cli("logits", make_ckpt("tiny", 0), "--input-ids", ids, "--out", tmp_path / "x.npy")
-    assert "outside the vocabulary" in assert_one_line_error(r)
+def test_logits_token_outside_vocabulary(tmp_path: Path, cli: Cli, one_line_error: OneLineError, checkpoint: Checkpoint,
+                                         ids: str) -> None:  # fmt: skip
+    r = cli("logits", checkpoint("tiny", 0), "--input-ids", ids, "--out", tmp_path / "x.npy", expect=2)
+    assert "outside the vocabulary" in one_line_error(r, 2)
     assert not (tmp_path / "x.npy").exists()
 
 
 @pytest.mark.parametrize("what", ["no-dir", "empty-dir", "no-weights"])
-def test_logits_missing_checkpoint(tmp_path: Path, cli: Cli, make_ckpt: MakeCkpt, what: str) -> None:
+def test_logits_missing_checkpoint(tmp_path: Path, cli: Cli, one_line_error: OneLineError, checkpoint: Checkpoint,
+                                   what: str) -> None:  # fmt: skip
     path = tmp_path / "ckpt"
     if what != "no-dir":
         path.mkdir()
     if what == "no-weights":
-        (path / "config.json").write_bytes((make_ckpt("tiny", 0) / "config.json").read_bytes())
-    r = cli("logits", path, "--input-ids", "1,2", "--out", tmp_path / "x.npy")
-    assert_one_line_error(r)
+        (path / "config.json").write_bytes((checkpoint("tiny", 0) / "config.json").read_bytes())
+    r = cli("logits", path, "--input-ids", "1,2", "--out", tmp_path / "x.npy", expect=2)
+    one_line_error(r, 2)
 
 
-def test_logits_errors_in_a_real_process(tmp_path: Path, make_ckpt: MakeCkpt) -> None:
+def test_logits_errors_in_a_real_process(tmp_path: Path, checkpoint: Checkpoint) -> None:
     """The same contract outside CliRunner (real terminal handling, real exit): exit 2, one stderr
     line, no traceback.  One case only: a process start costs seconds."""
-    args = [str(make_ckpt("tiny", 0)), "--input-ids", "1,1000", "--out", str(tmp_path / "x.npy")]
+    args = [str(checkpoint("tiny", 0)), "--input-ids", "1,1000", "--out", str(tmp_path / "x.npy")]
     p = subprocess.run(
         [sys.executable, "-m", "plamo2_tools.cli", "logits", *args],
         capture_output=True, text=True, env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"}, timeout=120,

@@ -20,7 +20,8 @@ EVAL = ("--tasks", "gsm8k", "--gsm8k-dir", MINI_GSM8K, "--allow-unverified-data"
 
 @pytest.fixture(scope="module")
 def layout(shards) -> Path:
-    return shards("tiny", 2, 1)
+    """The runtime tests' tiny model (tests/runtime/conftest.py) at TP 2."""
+    return shards("tiny", 2, 1, seed=11)
 
 
 @pytest.fixture
@@ -55,13 +56,13 @@ def _commands(shards: Path, reference: Path, tmp_path: Path) -> dict[str, tuple]
 
 # ---- shards verified when loaded ------------------------------------------------------------------
 @pytest.mark.parametrize("how", ["swapped", "flipped", "truncated"])
-def test_damaged_shards_are_refused_by_every_runner(cli, one_line_error, checkpoints, damaged, tmp_path: Path,
+def test_damaged_shards_are_refused_by_every_runner(cli, one_line_error, checkpoint, damaged, tmp_path: Path,
                                                     how: str) -> None:  # fmt: skip
     shards = damaged(how)
     words = {"swapped": "header says tp_rank=1, expected 0 (another rank's file?)",
              "flipped": "model-rank-0-part-0.safetensors: xxh3-128 digest differs from the manifest",
              "truncated": "(truncated or replaced)"}[how]  # fmt: skip
-    for name, args in _commands(shards, checkpoints["tiny"], tmp_path).items():
+    for name, args in _commands(shards, checkpoint("tiny", seed=11), tmp_path).items():
         line = one_line_error(cli(*args, expect=2), 2)
         assert words in line, (name, line)
     assert not (tmp_path / "eval-out").exists()
@@ -96,10 +97,10 @@ def test_generate_options(cli, one_line_error, layout: Path, args: tuple, code: 
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
-def test_cuda_without_a_gpu(cli, one_line_error, layout: Path, checkpoints, tmp_path: Path) -> None:
+def test_cuda_without_a_gpu(cli, one_line_error, layout: Path, checkpoint, tmp_path: Path) -> None:
     for args in (("generate", layout, "--prompt", "x", "--device", "cuda"),
                  ("logits", layout, "--input-ids", "1,2", "--out", tmp_path / "x.npy", "--device", "cuda"),
-                 ("verify", layout, "--reference", checkpoints["tiny"], "--reference-device", "cuda"),
+                 ("verify", layout, "--reference", checkpoint("tiny", seed=11), "--reference-device", "cuda"),
                  ("eval", layout, *EVAL, "--device", "cuda")):  # fmt: skip
         line = one_line_error(cli(*args, expect=3), 3)
         assert "cuda: no CUDA device is usable (" in line, line
@@ -111,7 +112,7 @@ def test_triton_on_the_cpu(cli, one_line_error, layout: Path, monkeypatch: pytes
     assert "--backend triton runs on CUDA devices" in line
 
 
-def test_output_files_checked_before_the_work(cli, one_line_error, layout: Path, checkpoints, tmp_path: Path,
+def test_output_files_checked_before_the_work(cli, one_line_error, layout: Path, checkpoint, tmp_path: Path,
                                               monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     def no_work(*args, **kwargs):
         raise AssertionError("the work started before the output was checked")
@@ -121,7 +122,7 @@ def test_output_files_checked_before_the_work(cli, one_line_error, layout: Path,
     assert "the directory" in line and "does not exist" in line
     line = one_line_error(cli("logits", layout, "--input-ids", "1,999999999", "--out", tmp_path / "x.npy", expect=2), 2)
     assert "outside the vocabulary" in line
-    args = ("verify", layout, "--reference", checkpoints["tiny"])
+    args = ("verify", layout, "--reference", checkpoint("tiny", seed=11))
     assert "no such file" in one_line_error(cli(*args, "--prompts", tmp_path / "missing.txt", expect=2), 2)
     assert "does not exist" in one_line_error(cli(*args, "--output", tmp_path / "no" / "v.json", expect=2), 2)
     monkeypatch.undo()
@@ -162,15 +163,11 @@ def test_version_and_usage_errors(cli, one_line_error) -> None:
     assert "Missing argument" in one_line_error(cli("convert", expect=2), 2)
 
 
-def test_interrupts_say_what_is_left(cli, one_line_error, layout: Path, checkpoints,
-                                     monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
-    def interrupted(*args, **kwargs):
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(engine.Runtime, "generate", interrupted)
+def test_interrupts_say_what_is_left(cli, one_line_error, interrupt, layout: Path, checkpoint) -> None:
+    interrupt(engine.Runtime, "generate")
     line = one_line_error(cli("generate", layout, "--prompt", "x", expect=130), 130, prefix="interrupted:")
     assert line == "interrupted: nothing was written", line
-    r = cli("verify", layout, "--reference", checkpoints["tiny"], expect=130)  # after the reference: its bar
+    r = cli("verify", layout, "--reference", checkpoint("tiny", seed=11), expect=130)  # after the reference: its bar
     assert r.stderr.splitlines()[-1] == "interrupted: nothing was written" and "Traceback" not in r.stderr
 
 
@@ -185,20 +182,3 @@ def test_a_bug_says_it_is_one(cli, layout: Path, monkeypatch: pytest.MonkeyPatch
     assert "Traceback" in r.stderr and "ZeroDivisionError: a bug" in r.stderr
     last = r.stderr.strip().splitlines()[-1]
     assert last.startswith("bug: plamo2-tools") and "this is a bug in plamo2-tools" in last and "report" in last
-
-
-@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
-def test_eval_is_quiet_outside_a_git_checkout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd) -> None:
-    """lm-eval asks `git describe` for the working directory's commit and lets git print
-    "fatal: not a git repository" there; eval runs lm-eval with that lookup silenced."""
-    import lm_eval.evaluator
-
-    from plamo2_tools.eval import harness
-
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))
-    lm_eval.evaluator.get_git_commit_hash()
-    assert "fatal: not a git repository" in capfd.readouterr().err  # lm-eval's own lookup, unsilenced
-    with harness._quiet_git_hash():
-        assert lm_eval.evaluator.get_git_commit_hash() is None
-    assert "fatal" not in capfd.readouterr().err

@@ -56,24 +56,24 @@ def _resave(src: Path, dst: Path, edit: Callable[[dict], None]) -> Path:
     return dst
 
 
-def test_truncated_file(cli, make_checkpoint, copy_checkpoint, tmp_path: Path) -> None:
-    src = copy_checkpoint(make_checkpoint("tiny"))
+def test_truncated_file(cli, checkpoint, private_copy, tmp_path: Path) -> None:
+    src = private_copy(checkpoint("tiny", values="watermark"))
     with open(src / "model.safetensors", "r+b") as f:
         f.truncate((src / "model.safetensors").stat().st_size - 100)
     _fails(cli, src, tmp_path / "out", code=2, says="truncated")
     _no_manifest(tmp_path / "out")
 
 
-def test_file_shorter_than_its_header(cli, make_checkpoint, copy_checkpoint, tmp_path: Path) -> None:
-    src = copy_checkpoint(make_checkpoint("tiny"))
+def test_file_shorter_than_its_header(cli, checkpoint, private_copy, tmp_path: Path) -> None:
+    src = private_copy(checkpoint("tiny", values="watermark"))
     with open(src / "model.safetensors", "r+b") as f:
         f.truncate(1000)
     _fails(cli, src, tmp_path / "out", code=2, says="truncated")
     _no_manifest(tmp_path / "out")
 
 
-def test_header_not_json(cli, make_checkpoint, copy_checkpoint, tmp_path: Path) -> None:
-    src = copy_checkpoint(make_checkpoint("tiny"))
+def test_header_not_json(cli, checkpoint, private_copy, tmp_path: Path) -> None:
+    src = private_copy(checkpoint("tiny", values="watermark"))
     data = bytearray((src / "model.safetensors").read_bytes())
     data[20] = ord("}")  # somewhere inside the JSON text
     (src / "model.safetensors").write_bytes(bytes(data))
@@ -81,8 +81,8 @@ def test_header_not_json(cli, make_checkpoint, copy_checkpoint, tmp_path: Path) 
     _no_manifest(tmp_path / "out")
 
 
-def test_header_length_absurd(cli, make_checkpoint, copy_checkpoint, tmp_path: Path) -> None:
-    src = copy_checkpoint(make_checkpoint("tiny"))
+def test_header_length_absurd(cli, checkpoint, private_copy, tmp_path: Path) -> None:
+    src = private_copy(checkpoint("tiny", values="watermark"))
     data = bytearray((src / "model.safetensors").read_bytes())
     data[:8] = struct.pack("<Q", 2**40)
     (src / "model.safetensors").write_bytes(bytes(data))
@@ -106,8 +106,8 @@ def test_header_length_absurd(cli, make_checkpoint, copy_checkpoint, tmp_path: P
     ],
     ids=["length", "overlap"],
 )
-def test_header_bad_offsets(cli, make_checkpoint, copy_checkpoint, tmp_path: Path, edit, says: str) -> None:
-    src = copy_checkpoint(make_checkpoint("tiny"))
+def test_header_bad_offsets(cli, checkpoint, private_copy, tmp_path: Path, edit, says: str) -> None:
+    src = private_copy(checkpoint("tiny", values="watermark"))
     _rewrite_header(src / "model.safetensors", edit)
     _fails(cli, src, tmp_path / "out", code=2, says=says)
     _no_manifest(tmp_path / "out")
@@ -131,14 +131,18 @@ def test_header_bad_offsets(cli, make_checkpoint, copy_checkpoint, tmp_path: Pat
     ],
     ids=["missing", "unexpected", "shape"],
 )
-def test_wrong_tensors(cli, make_checkpoint, tmp_path: Path, edit, says: str) -> None:
-    src = _resave(make_checkpoint("tiny"), tmp_path / "src", edit)
+def test_wrong_tensors(cli, checkpoint, tmp_path: Path, edit, says: str) -> None:
+    src = _resave(checkpoint("tiny", values="watermark"), tmp_path / "src", edit)
     _fails(cli, src, tmp_path / "out", code=2, says=says)
     _no_manifest(tmp_path / "out")
 
 
-def test_many_wrong_tensors_still_one_line(cli, make_checkpoint, tmp_path: Path) -> None:
-    src = _resave(make_checkpoint("tiny"), tmp_path / "src", lambda t: [t.pop(k) for k in list(t) if ".layers.0." in k])
+def test_many_wrong_tensors_still_one_line(cli, checkpoint, tmp_path: Path) -> None:
+    src = _resave(
+        checkpoint("tiny", values="watermark"),
+        tmp_path / "src",
+        lambda t: [t.pop(k) for k in list(t) if ".layers.0." in k],
+    )
     line = _fails(cli, src, tmp_path / "out", code=2, says="(17 problem(s))")
     assert line.count("missing tensor model.layers.layers.0.") == 17  # every one named, still one line
 
@@ -158,30 +162,30 @@ def test_many_wrong_tensors_still_one_line(cli, make_checkpoint, tmp_path: Path)
         ("tiny", ("--max-part-size", "lots"), "cannot read size 'lots'"),
     ],
 )
-def test_impossible_split_or_option(cli, make_checkpoint, tmp_path: Path, preset: str, args: tuple, says: str) -> None:
-    _fails(cli, make_checkpoint(preset), tmp_path / "out", *args, code=2, says=says)
+def test_impossible_split_or_option(cli, checkpoint, tmp_path: Path, preset: str, args: tuple, says: str) -> None:
+    _fails(cli, checkpoint(preset, values="watermark"), tmp_path / "out", *args, code=2, says=says)
     assert not (tmp_path / "out").exists()  # refused before touching OUT
 
 
-def test_output_is_or_is_inside_the_source(cli, make_checkpoint, copy_checkpoint) -> None:
-    src = copy_checkpoint(make_checkpoint("tiny"))
+def test_output_is_or_is_inside_the_source(cli, checkpoint, private_copy) -> None:
+    src = private_copy(checkpoint("tiny", values="watermark"))
     _fails(cli, src, src, code=2, says="is the source directory")
     _fails(cli, src, src / "shards", code=2, says="is inside the source directory")
     assert not (src / "shards").exists() and not (src / MANIFEST_NAME).exists()
 
 
-def test_output_exists_without_force(cli, make_checkpoint, tmp_path: Path) -> None:
+def test_output_exists_without_force(cli, checkpoint, tmp_path: Path) -> None:
     out = tmp_path / "out"
     out.mkdir()
     (out / "notes.txt").write_text("someone else's")
-    _fails(cli, make_checkpoint("tiny"), out, code=2, says="use --force")
+    _fails(cli, checkpoint("tiny", values="watermark"), out, code=2, says="use --force")
     assert [p.name for p in out.iterdir()] == ["notes.txt"]
-    cli("convert", make_checkpoint("tiny"), out, "--json", "--force")
+    cli("convert", checkpoint("tiny", values="watermark"), out, "--json", "--force")
     assert (out / MANIFEST_NAME).exists()
 
 
-def test_different_completed_conversion_needs_force(cli, make_checkpoint, tmp_path: Path) -> None:
-    src, out = make_checkpoint("tiny"), tmp_path / "out"
+def test_different_completed_conversion_needs_force(cli, checkpoint, tmp_path: Path) -> None:
+    src, out = checkpoint("tiny", values="watermark"), tmp_path / "out"
     cli("convert", src, out, "--tp", 2, "--pp", 2, "--json")
     before = (out / MANIFEST_NAME).read_bytes()
     assert json.loads(cli("convert", src, out, "--tp", 2, "--pp", 2, "--json").stdout)["status"] == "up-to-date"
@@ -193,10 +197,10 @@ def test_different_completed_conversion_needs_force(cli, make_checkpoint, tmp_pa
     cli("check", out, "--json")
 
 
-def test_not_enough_disk(cli, make_checkpoint, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    real = shutil.disk_usage
+def test_not_enough_disk(cli, checkpoint, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    src, real = checkpoint("tiny", values="watermark"), shutil.disk_usage
     monkeypatch.setattr(engine.shutil, "disk_usage", lambda p: real(p)._replace(free=1000))
-    _fails(cli, make_checkpoint("tiny"), tmp_path / "out", code=3, says="not enough disk space")
+    _fails(cli, src, tmp_path / "out", code=3, says="not enough disk space")
     _no_manifest(tmp_path / "out")
     assert not list((tmp_path / "out").glob("model-rank-*"))
 
@@ -205,15 +209,16 @@ def _enospc(*args, **kwargs):
     raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
 
-def test_enospc_while_sizing_the_file(cli, make_checkpoint, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_enospc_while_sizing_the_file(cli, checkpoint, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    src = checkpoint("tiny", values="watermark")
     monkeypatch.setattr(os, "ftruncate", _enospc)
-    _fails(cli, make_checkpoint("tiny"), tmp_path / "out", code=3, says="no space left on device")
+    _fails(cli, src, tmp_path / "out", code=3, says="no space left on device")
     _no_manifest(tmp_path / "out")
 
 
-def test_enospc_while_writing(cli, make_checkpoint, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_enospc_while_writing(cli, checkpoint, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The disk fills up half way (the free-space check passed, then something else took it)."""
-    real, calls = os.pwrite, [0]
+    src, real, calls = checkpoint("tiny-gqa", values="watermark"), os.pwrite, [0]
 
     def pwrite(fd: int, data, offset: int) -> int:
         calls[0] += 1
@@ -223,10 +228,10 @@ def test_enospc_while_writing(cli, make_checkpoint, tmp_path: Path, monkeypatch:
 
     monkeypatch.setattr(os, "pwrite", pwrite)
     out = tmp_path / "out"
-    _fails(cli, make_checkpoint("tiny-gqa"), out, "--tp", 2, "--pp", 2, code=3, says="no space left on device")
+    _fails(cli, src, out, "--tp", 2, "--pp", 2, code=3, says="no space left on device")
     _no_manifest(out)
     monkeypatch.setattr(os, "pwrite", real)  # space again: the rerun completes
-    cli("convert", make_checkpoint("tiny-gqa"), out, "--tp", 2, "--pp", 2, "--json")
+    cli("convert", src, out, "--tp", 2, "--pp", 2, "--json")
     cli("check", out, "--json")
 
 
@@ -236,31 +241,33 @@ def test_not_a_checkpoint(cli, tmp_path: Path) -> None:
     _fails(cli, tmp_path / "nowhere", tmp_path / "out", code=2, says="not a directory")
 
 
-def test_output_is_a_file(cli, make_checkpoint, tmp_path: Path) -> None:
+def test_output_is_a_file(cli, checkpoint, tmp_path: Path) -> None:
+    src = checkpoint("tiny", values="watermark")
     (tmp_path / "afile").write_text("not a directory")
-    _fails(cli, make_checkpoint("tiny"), tmp_path / "afile", code=2, says="exists and is not a directory")
-    _fails(cli, make_checkpoint("tiny"), tmp_path / "afile" / "out", code=2, says="exists and is not a directory")
+    _fails(cli, src, tmp_path / "afile", code=2, says="exists and is not a directory")
+    _fails(cli, src, tmp_path / "afile" / "out", code=2, says="exists and is not a directory")
     assert (tmp_path / "afile").read_text() == "not a directory"
-    cli("convert", make_checkpoint("tiny"), tmp_path / "shards", "--json")
+    cli("convert", src, tmp_path / "shards", "--json")
     r = cli("merge", tmp_path / "shards", tmp_path / "afile", expect=2)
     assert r.stderr.strip().splitlines()[-1].endswith("exists and is not a directory")
 
 
-def test_output_directory_cannot_be_created(cli, make_checkpoint, tmp_path: Path, monkeypatch) -> None:
+def test_output_directory_cannot_be_created(cli, checkpoint, tmp_path: Path, monkeypatch) -> None:
     """Permissions or a read-only mount (root passes permission checks, so simulated)."""
+    src = checkpoint("tiny", values="watermark")
 
     def refuse(self, *args, **kwargs):
         raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
 
     monkeypatch.setattr(Path, "mkdir", refuse)
-    _fails(cli, make_checkpoint("tiny"), tmp_path / "out", code=3, says="cannot create the output directory")
+    _fails(cli, src, tmp_path / "out", code=3, says="cannot create the output directory")
 
 
-def test_damaged_shards_are_not_resharded_or_merged(cli, make_checkpoint, tmp_path: Path) -> None:
+def test_damaged_shards_are_not_resharded_or_merged(cli, checkpoint, tmp_path: Path) -> None:
     """Reading shards back checks headers only; the manifest's digests must catch the rest, or the
     damage would come out under a fresh manifest that `check` then passes."""
     shards = tmp_path / "shards"
-    cli("convert", make_checkpoint("tiny-gqa"), shards, "--tp", 2, "--json")
+    cli("convert", checkpoint("tiny-gqa", values="watermark"), shards, "--tp", 2, "--json")
     flip_byte(shards / "model-rank-1-part-0.safetensors", -100)
     says = "model-rank-1-part-0.safetensors: xxh3-128 digest differs from the manifest"
     _fails(cli, shards, tmp_path / "resharded", "--tp", 4, code=2, says=says)
@@ -269,13 +276,13 @@ def test_damaged_shards_are_not_resharded_or_merged(cli, make_checkpoint, tmp_pa
     assert "digest differs from the manifest" in r.stderr and not (tmp_path / "merged").exists()
 
 
-def test_damaged_hf_cache_blob_is_refused(cli, make_checkpoint, tmp_path: Path) -> None:
+def test_damaged_hf_cache_blob_is_refused(cli, checkpoint, tmp_path: Path) -> None:
     """In an HF cache the weights are links to blobs named by their sha256: a blob whose bytes do
     not hash to its name is a damaged download and gets no manifest."""
     import hashlib
 
     src = tmp_path / "snapshot"
-    shutil.copytree(make_checkpoint("tiny"), src)
+    shutil.copytree(checkpoint("tiny", values="watermark"), src)
     blobs = tmp_path / "blobs"
     blobs.mkdir()
     weights = src / "model.safetensors"

@@ -29,8 +29,8 @@ def _with_v_rows(src: Path, dst: Path) -> None:
     safetensors.torch.save_file(tensors, str(dst / "model.safetensors"), metadata={"format": "pt"})
 
 
-def test_lm_head_with_vocab_size_rows_converts_the_same(make_checkpoint, tmp_path: Path) -> None:
-    rounded = make_checkpoint("tiny-gqa", "random")
+def test_lm_head_with_vocab_size_rows_converts_the_same(checkpoint, tmp_path: Path) -> None:
+    rounded = checkpoint("tiny-gqa", seed=1)
     exact = tmp_path / "exact"
     _with_v_rows(rounded, exact)
     convert(rounded, tmp_path / "a", tp=2, pp=2)
@@ -46,9 +46,9 @@ def test_lm_head_with_vocab_size_rows_converts_the_same(make_checkpoint, tmp_pat
     assert load_hf(tmp_path / "merged")["lm_head.weight"].shape[0] == preset_config("tiny-gqa").vocab_size
 
 
-def test_lm_head_with_other_row_counts_is_refused(make_checkpoint, tmp_path: Path, cli) -> None:
+def test_lm_head_with_other_row_counts_is_refused(checkpoint, tmp_path: Path, cli) -> None:
     bad = tmp_path / "bad"
-    shutil.copytree(make_checkpoint("tiny-gqa", "random"), bad)
+    shutil.copytree(checkpoint("tiny-gqa", seed=1), bad)
     tensors = load_hf(bad)
     tensors["lm_head.weight"] = tensors["lm_head.weight"][:-20].clone()
     safetensors.torch.save_file(tensors, str(bad / "model.safetensors"), metadata={"format": "pt"})

@@ -86,43 +86,27 @@ def test_resume_after_sigkill(cli, medium_checkpoint: Path, reference: Path, tmp
 
 
 def test_interrupt_in_process_then_resume(cli, medium_checkpoint: Path, reference: Path, tmp_path: Path,
-                                          monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+                                          interrupt) -> None:  # fmt: skip
     """Ctrl-C (KeyboardInterrupt) half way: exit 130, no manifest, no .partial; a rerun resumes."""
-    real, calls = engine._stream_unit, [0]
-
-    def stream_unit(*args, **kwargs):
-        calls[0] += 1
-        if calls[0] == 10:
-            raise KeyboardInterrupt
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(engine, "_stream_unit", stream_unit)
+    restore = interrupt(engine, "_stream_unit", on_call=10)
     out = tmp_path / "out"
     r = cli("convert", medium_checkpoint, out, *SPLIT, expect=130)
     assert "run the same convert again to resume" in r.stderr.splitlines()[-1]
     assert not (out / MANIFEST_NAME).exists() and not list(out.glob("*.partial"))
     kept = _journaled(out)
     assert len(kept) >= 2
-    monkeypatch.setattr(engine, "_stream_unit", real)
+    restore()
     result = json.loads(cli("convert", medium_checkpoint, out, *SPLIT, "--json").stdout)
     assert result["status"] == "resumed" and set(kept) <= set(result["files_reused"])
     _same_output(out, reference)
 
 
 def test_unfinished_run_with_other_options_is_discarded(cli, medium_checkpoint: Path, tmp_path: Path,
-                                                        monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
-    real, calls = engine._stream_unit, [0]
-
-    def stream_unit(*args, **kwargs):
-        calls[0] += 1
-        if calls[0] == 3:
-            raise KeyboardInterrupt
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(engine, "_stream_unit", stream_unit)
+                                                        interrupt) -> None:  # fmt: skip
+    restore = interrupt(engine, "_stream_unit", on_call=3)
     out = tmp_path / "out"
     cli("convert", medium_checkpoint, out, *SPLIT, expect=130)
-    monkeypatch.setattr(engine, "_stream_unit", real)
+    restore()
     result = json.loads(cli("convert", medium_checkpoint, out, "--tp", 4, "--json").stdout)
     assert result["status"] == "converted" and not result["files_reused"]
     assert sorted(p.name for p in out.glob("model-rank-*")) == [f"model-rank-{r}-part-0.safetensors" for r in range(4)]

@@ -50,8 +50,8 @@ def _assert_within_transform_rounding(got: torch.Tensor, want: torch.Tensor, key
         ("tiny-edge", 2, 2, ("--max-part-size", "20kB")),
     ],
 )
-def test_merge_round_trip(cli, make_checkpoint, tmp_path: Path, preset: str, tp: int, pp: int, extra: tuple) -> None:
-    src = make_checkpoint(preset, "random")
+def test_merge_round_trip(cli, checkpoint, tmp_path: Path, preset: str, tp: int, pp: int, extra: tuple) -> None:
+    src = checkpoint(preset, seed=1)
     cli("convert", src, tmp_path / "shards", "--tp", tp, "--pp", pp, "--json", *extra)
     cli("merge", tmp_path / "shards", tmp_path / "merged", "--json")
     original, merged = load_hf(src), load_hf(tmp_path / "merged")
@@ -64,9 +64,9 @@ def test_merge_round_trip(cli, make_checkpoint, tmp_path: Path, preset: str, tp:
     assert (tmp_path / "merged" / "config.json").read_bytes() == (src / "config.json").read_bytes()
 
 
-def test_merge_keeps_a_cast(cli, make_checkpoint, tmp_path: Path) -> None:
+def test_merge_keeps_a_cast(cli, checkpoint, tmp_path: Path) -> None:
     """--dtype bfloat16 cannot be undone: merge gives the bf16 values, A_log back in float32."""
-    src = make_checkpoint("tiny-gqa", "random")
+    src = checkpoint("tiny-gqa", seed=1)
     cli("convert", src, tmp_path / "shards", "--tp", 2, "--dtype", "bfloat16", "--json")
     cli("merge", tmp_path / "shards", tmp_path / "merged", "--max-part-size", "300kB", "--json")
     assert (tmp_path / "merged" / "model.safetensors.index.json").exists()  # several parts
@@ -80,8 +80,8 @@ def test_merge_keeps_a_cast(cli, make_checkpoint, tmp_path: Path) -> None:
             _assert_bits(merged[key], want.to(torch.bfloat16), key)
 
 
-def test_two_runs_give_identical_bytes(cli, make_checkpoint, tmp_path: Path) -> None:
-    src = make_checkpoint("tiny-gqa")
+def test_two_runs_give_identical_bytes(cli, checkpoint, tmp_path: Path) -> None:
+    src = checkpoint("tiny-gqa", values="watermark")
     for name in ("a", "b"):
         cli("convert", src, tmp_path / name, "--tp", 2, "--pp", 3, "--max-part-size", "100kB", "--json")
     files_a = sorted(p.name for p in (tmp_path / "a").iterdir())
@@ -95,9 +95,9 @@ def test_two_runs_give_identical_bytes(cli, make_checkpoint, tmp_path: Path) -> 
 
 
 @pytest.mark.parametrize(("first", "second"), [((2, 2), (4, 1)), ((4, 3), (2, 2)), ((8, 1), (1, 3))])
-def test_reshard_from_shards_equals_direct(cli, make_checkpoint, tmp_path: Path, first, second) -> None:
+def test_reshard_from_shards_equals_direct(cli, checkpoint, tmp_path: Path, first, second) -> None:
     """HF -> TP a x PP b -> TP c x PP d gives what HF -> TP c x PP d gives."""
-    src = make_checkpoint("tiny-gqa", "random")
+    src = checkpoint("tiny-gqa", seed=1)
     (t1, p1), (t2, p2) = first, second
     cli("convert", src, tmp_path / "first", "--tp", t1, "--pp", p1, "--json")
     cli("convert", tmp_path / "first", tmp_path / "resharded", "--tp", t2, "--pp", p2, "--json")
@@ -115,8 +115,8 @@ def test_reshard_from_shards_equals_direct(cli, make_checkpoint, tmp_path: Path,
     cli("check", tmp_path / "resharded", "--json")
 
 
-def test_merge_refuses_bad_targets(cli, make_checkpoint, tmp_path: Path) -> None:
-    src = make_checkpoint("tiny")
+def test_merge_refuses_bad_targets(cli, checkpoint, tmp_path: Path) -> None:
+    src = checkpoint("tiny", values="watermark")
     r = cli("merge", src, tmp_path / "merged", expect=2)  # an HF checkpoint is not a shard directory
     assert "plamo2_shards.json" in r.stderr
     cli("convert", src, tmp_path / "shards", "--json")
@@ -131,11 +131,11 @@ def test_merge_refuses_bad_targets(cli, make_checkpoint, tmp_path: Path) -> None
     assert preset_config("tiny").vocab_size == load_hf(tmp_path / "busy")["model.embed_tokens.weight"].shape[0]
 
 
-def test_small_chunks_in_merge_and_reshard(cli, make_checkpoint, tmp_path: Path, monkeypatch) -> None:
+def test_small_chunks_in_merge_and_reshard(cli, checkpoint, tmp_path: Path, monkeypatch) -> None:
     """The chunked paths of merge and of reading shards as a source (rows that start mid-piece)."""
     from plamo2_tools.convert import merge, writer
 
-    src = make_checkpoint("tiny-gqa", "random")
+    src = checkpoint("tiny-gqa", seed=1)
     cli("convert", src, tmp_path / "shards", "--tp", 4, "--pp", 2, "--json")
     cli("convert", src, tmp_path / "direct", "--tp", 2, "--pp", 3, "--json")
     monkeypatch.setattr(writer, "CHUNK_BYTES", 5 * 96 * 4)

@@ -1,45 +1,26 @@
-"""Fixtures for the evaluation tests: one tiny synthetic model converted to TP1xPP1 and TP2xPP2,
-in-process runtimes over both, the plamo2 lm-eval model around them, and the self-written
-mini-GSM8K fixture (tests/eval/data/gsm8k_mini, real JSONL schema, not GSM8K data)."""
+"""Fixtures for the evaluation tests: one tiny synthetic model as TP1xPP1 and TP2xPP2 shards (from
+the session cache of tests/conftest.py), in-process runtimes over both, the plamo2 lm-eval model
+around them, and the self-written mini-GSM8K fixture (tests/eval/data/gsm8k_mini, real JSONL
+schema, not GSM8K data)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 from eval_helpers import MINI_GSM8K, SpyRuntime
-from typer.testing import Result
 
-from plamo2_tools.convert.engine import convert
 from plamo2_tools.eval.gsm8k_task import Gsm8kData, load_gsm8k_data
 from plamo2_tools.eval.plamo2_lm import Plamo2LM
-from plamo2_tools.model.synth import synth
 from plamo2_tools.runtime.serving.engine import Runtime
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_intra_op_thread() -> Iterator[None]:
-    """The model is tiny: a second OpenMP thread only adds synchronisation, and on a busy 2-core
-    machine it makes decode an order of magnitude slower.  Restored after each module."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture(scope="session")
-def shard_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """The same random tiny model as TP1xPP1 ("tp1pp1") and TP2xPP2 ("tp2pp2") shards."""
-    root = tmp_path_factory.mktemp("eval-model")
-    synth(root / "hf", "tiny", seed=5)
-    dirs = {}
-    for tp, pp in ((1, 1), (2, 2)):
-        dirs[f"tp{tp}pp{pp}"] = root / f"tp{tp}pp{pp}"
-        convert(root / "hf", dirs[f"tp{tp}pp{pp}"], tp=tp, pp=pp)
-    return dirs
+def shard_dirs(shards) -> dict[str, Path]:
+    """The same random tiny model (synth seed 5) as TP1xPP1 ("tp1pp1") and TP2xPP2 ("tp2pp2") shards."""
+    return {f"tp{tp}pp{pp}": shards("tiny", tp, pp, seed=5) for tp, pp in ((1, 1), (2, 2))}
 
 
 @pytest.fixture(scope="session")
@@ -75,6 +56,3 @@ def mini_data() -> Gsm8kData:
 @pytest.fixture
 def spy(runtime: Runtime) -> SpyRuntime:
     return SpyRuntime(runtime)
-
-
-Cli = Callable[..., Result]

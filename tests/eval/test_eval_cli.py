@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -84,3 +85,20 @@ def test_lm_eval_passthrough_runs_the_plamo2_model(cli, mini_data, shard_dirs, t
     assert saved["config"]["model"] == "plamo2" and saved["config"]["shards"] == str(shards)
     assert saved["versions"]["gsm8k"] == 3.0 and saved["n-samples"]["gsm8k"]["effective"] == 1
     assert len(list(directory.glob("samples_gsm8k_*.jsonl"))) == 1
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+def test_eval_is_quiet_outside_a_git_checkout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd) -> None:
+    """lm-eval asks `git describe` for the working directory's commit and lets git print
+    "fatal: not a git repository" there; eval runs lm-eval with that lookup silenced."""
+    import lm_eval.evaluator
+
+    from plamo2_tools.eval import harness
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))
+    lm_eval.evaluator.get_git_commit_hash()
+    assert "fatal: not a git repository" in capfd.readouterr().err  # lm-eval's own lookup, unsilenced
+    with harness._quiet_git_hash():
+        assert lm_eval.evaluator.get_git_commit_hash() is None
+    assert "fatal" not in capfd.readouterr().err

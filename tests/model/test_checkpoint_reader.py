@@ -11,14 +11,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from model_helpers import preset_raw
 from safetensors.torch import save_file
 
 from plamo2_tools.errors import CheckpointError, ConfigError
 from plamo2_tools.model import hf_tensor_shapes
 from plamo2_tools.model.checkpoint import HFCheckpoint
 from plamo2_tools.model.plamo2.config import Plamo2Config
-
-from .conftest import preset_raw
 
 Tensors = dict[str, torch.Tensor]
 

@@ -10,15 +10,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from independent import hf_is_mamba
+from model_helpers import preset_raw
 
 from plamo2_tools.errors import ConfigError, UserError
 from plamo2_tools.model import hf_tensor_shapes, num_parameters
 from plamo2_tools.model.plamo2.config import MIN_MAX_POSITIONS, REQUIRED_KEYS, Plamo2Config
 from plamo2_tools.model.plamo2.presets import PRESETS
 from plamo2_tools.model.synth import preset_config
-
-from .conftest import preset_raw
-from .independent import hf_is_mamba
 
 
 def parse(**overrides: Any) -> Plamo2Config:

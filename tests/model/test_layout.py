@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 
 import pytest
 import torch
@@ -21,7 +20,6 @@ from convert_expect import (
     file_metadata,
     load_hf,
     load_rank,
-    rank_files,
     stage_ranges,
     vllm_pp_counts,
 )
@@ -42,28 +40,11 @@ COMBOS = (
 )
 
 
-@pytest.fixture(scope="module")
-def converted(make_checkpoint, cli, tmp_path_factory):
-    """Converted output per (preset, tp, pp, extra CLI args), made once for the module."""
-    cache: dict[tuple, Path] = {}
-
-    def get(preset: str, tp: int, pp: int, *extra: str, values: str = "watermark",
-            dtype: torch.dtype = torch.float32) -> Path:  # fmt: skip
-        key = (preset, tp, pp, extra, values, dtype)
-        if key not in cache:
-            out = tmp_path_factory.mktemp(f"{preset}-tp{tp}-pp{pp}") / "out"
-            cli("convert", make_checkpoint(preset, values, dtype), out, "--tp", tp, "--pp", pp, "--json", *extra)
-            cache[key] = out
-        return cache[key]
-
-    return get
-
-
 @pytest.mark.parametrize(("preset", "tp", "pp"), COMBOS, ids=[f"{p}-tp{t}-pp{q}" for p, t, q in COMBOS])
-def test_every_rank_matches_the_spec(converted, make_checkpoint, preset: str, tp: int, pp: int) -> None:
-    out = converted(preset, tp, pp)
+def test_every_rank_matches_the_spec(shards, checkpoint, preset: str, tp: int, pp: int) -> None:
+    out = shards(preset, tp, pp, values="watermark")
     cfg = preset_config(preset)
-    hf = load_hf(make_checkpoint(preset))
+    hf = load_hf(checkpoint(preset, values="watermark"))
     stages = stage_ranges(vllm_pp_counts(cfg.num_hidden_layers, pp))
     names = sorted(p.name for p in out.glob("*.safetensors"))
     assert names == sorted(f"model-rank-{r}-part-0.safetensors" for r in range(tp * pp))
@@ -101,11 +82,11 @@ def test_pp_split_follows_vllm_get_pp_indices() -> None:
         assert vllm_pp_counts(layers, pp) == counts  # keeps the test's own helper honest
 
 
-def test_pp_layers_override(converted, make_checkpoint) -> None:
+def test_pp_layers_override(shards, checkpoint) -> None:
     """--pp-layers 1,3,1 replaces vLLM's default [2,2,1] split, like VLLM_PP_LAYER_PARTITION."""
-    out = converted("tiny-gqa", 2, 3, "--pp-layers", "1,3,1")
+    out = shards("tiny-gqa", 2, 3, "--pp-layers", "1,3,1", values="watermark")
     cfg = preset_config("tiny-gqa")
-    hf = load_hf(make_checkpoint("tiny-gqa"))
+    hf = load_hf(checkpoint("tiny-gqa", values="watermark"))
     stages = stage_ranges([1, 3, 1])
     for rank in range(6):
         assert_same_tensors(load_rank(out, rank), expected_rank(hf, cfg, 2, stages, rank), f"rank {rank}")
@@ -126,19 +107,19 @@ def test_pp_layers_override(converted, make_checkpoint) -> None:
         ("tiny-gqa", 2, {0: {"model.embed_tokens.weight"}, 1: {"lm_head.weight"}}),
     ],
 )
-def test_embedding_and_head_keys(converted, preset: str, pp: int, rank_keys: dict[int, set[str]]) -> None:
-    out = converted(preset, 1, pp)
+def test_embedding_and_head_keys(shards, preset: str, pp: int, rank_keys: dict[int, set[str]]) -> None:
+    out = shards(preset, 1, pp, values="watermark")
     for rank, keys in rank_keys.items():
         got = set(load_rank(out, rank))
         assert got & {"model.embed_tokens.weight", "lm_head.weight"} == keys, rank
         assert ("model.norm.weight" in got) == (rank == pp - 1)
 
 
-def test_vocab_padding_and_kv_replication_spelled_out(converted, make_checkpoint) -> None:
+def test_vocab_padding_and_kv_replication_spelled_out(shards, checkpoint) -> None:
     """The two rules most often got wrong, with literal numbers for tiny-gqa at tp=8 (V=515 ->
     Vp=576, 72 rows per rank; Hkv=2 -> each KV head on 4 consecutive ranks)."""
-    out = converted("tiny-gqa", 8, 1)
-    hf = load_hf(make_checkpoint("tiny-gqa"))
+    out = shards("tiny-gqa", 8, 1, values="watermark")
+    hf = load_hf(checkpoint("tiny-gqa", values="watermark"))
     d, Hq = 16, 8
     for rank in range(8):
         t = load_rank(out, rank)
@@ -166,12 +147,12 @@ def test_vocab_padding_and_kv_replication_spelled_out(converted, make_checkpoint
         (torch.bfloat16, "float32", torch.float32),
     ],
 )
-def test_dtype_cast_with_norms_rounded_once(converted, make_checkpoint, src_dtype, out_dtype, want) -> None:
+def test_dtype_cast_with_norms_rounded_once(shards, checkpoint, src_dtype, out_dtype, want) -> None:
     """Cast tensors are the source rounded once; offset norms are added in float32 and then
     rounded once (not rounded, added, rounded again); A stays float32 whatever the dtype."""
-    out = converted("tiny-gqa", 2, 2, "--dtype", out_dtype, values="random", dtype=src_dtype)
+    out = shards("tiny-gqa", 2, 2, dtype=out_dtype, seed=1, source_dtype=src_dtype)
     cfg = preset_config("tiny-gqa")
-    hf = load_hf(make_checkpoint("tiny-gqa", "random", src_dtype))
+    hf = load_hf(checkpoint("tiny-gqa", seed=1, dtype=src_dtype))
     stages = stage_ranges(vllm_pp_counts(cfg.num_hidden_layers, 2))
     twice_rounded = 0
     for rank in range(4):
@@ -186,36 +167,10 @@ def test_dtype_cast_with_norms_rounded_once(converted, make_checkpoint, src_dtyp
         assert twice_rounded, "the random values do not distinguish single from double rounding"
 
 
-def test_max_part_size_splits_ranks_into_parts(converted, make_checkpoint) -> None:
-    limit = 40_000
-    out = converted("tiny-gqa", 2, 1, "--max-part-size", str(limit))
-    cfg = preset_config("tiny-gqa")
-    hf = load_hf(make_checkpoint("tiny-gqa"))
-    stages = stage_ranges([cfg.num_hidden_layers])
-    for rank in range(2):
-        files = rank_files(out, rank)
-        assert len(files) > 3
-        keys_per_part = []
-        for f in files:
-            with open(f, "rb") as fh:
-                header = json.loads(fh.read(int.from_bytes(fh.read(8), "little")))
-            meta = header.pop("__metadata__")
-            assert meta["tp_rank"] == str(rank) and meta["format"] == "pt"
-            payload = sum(e["data_offsets"][1] - e["data_offsets"][0] for e in header.values())
-            assert payload <= limit or len(header) == 1, f"{f.name}: {payload} bytes in {len(header)} tensors"
-            keys_per_part.append(sorted(header))
-        # greedy in sorted key order: every part's keys come after the previous part's
-        flat = [k for keys in keys_per_part for k in keys]
-        assert flat == sorted(flat)
-        assert_same_tensors(load_rank(out, rank), expected_rank(hf, cfg, 2, stages, rank), f"rank {rank}")
-    manifest = json.loads((out / MANIFEST_NAME).read_text())
-    assert manifest["mapping"]["ranks"][0]["files"] == [f.name for f in rank_files(out, 0)]
-
-
-def test_transformed_values_spelled_out(converted, make_checkpoint) -> None:
+def test_transformed_values_spelled_out(shards, checkpoint) -> None:
     """A = -exp(A_log) in float32 and the five offsets, as literal formulas on one rank."""
-    out = converted("tiny", 2, 1)
-    hf = load_hf(make_checkpoint("tiny"))
+    out = shards("tiny", 2, 1, values="watermark")
+    hf = load_hf(checkpoint("tiny", values="watermark"))
     t = load_rank(out, 1)
     p = "model.layers.layers.0."
     assert torch.equal(t[p + "mixer.A"], -torch.exp(hf[p + "mixer.A_log"][4:8].float()))
@@ -226,42 +181,3 @@ def test_transformed_values_spelled_out(converted, make_checkpoint) -> None:
     for n in ("dt", "B", "C"):  # renamed, no offset
         assert torch.equal(t[p + f"mixer.{n}_norm.weight"], hf[p + f"mixer.{n}_norm_weight"])
     assert math.isclose(0.08944271909999159, 1 / 5**1.5)
-
-
-CHUNKED = [("tiny-gqa", 4, 2), ("tiny-gqa", 8, 1), ("tiny", 2, 3), ("tiny-edge", 2, 1)]
-
-
-@pytest.mark.parametrize(("preset", "tp", "pp"), CHUNKED)
-def test_many_small_chunks(cli, make_checkpoint, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                           preset: str, tp: int, pp: int) -> None:  # fmt: skip
-    """Real tensors are copied in 8 MiB windows (computed ones read in 8 MiB row chunks); the tiny
-    ones fit in one.  Windows and chunks of 2688 bytes (7 rows of D=96 floats, 4 rows of F=160,
-    672 elements of a vector) cut through heads, gate/up halves, vocab shards, padding and mmap
-    pages at odd places."""
-    from plamo2_tools.convert import writer
-
-    monkeypatch.setattr(writer, "CHUNK_BYTES", 7 * 96 * 4)
-    monkeypatch.setattr(writer, "WINDOW", 7 * 96 * 4)
-    out = tmp_path / "out"
-    cli("convert", make_checkpoint(preset), out, "--tp", tp, "--pp", pp, "--json")
-    cfg = preset_config(preset)
-    hf = load_hf(make_checkpoint(preset))
-    stages = stage_ranges(vllm_pp_counts(cfg.num_hidden_layers, pp))
-    for rank in range(tp * pp):
-        want = expected_rank(hf, cfg, tp, stages, rank)
-        assert_same_tensors(load_rank(out, rank), want, f"{preset} tp={tp} pp={pp} rank {rank}", Watermark(cfg).decode)
-    cli("check", out, "--json")  # digests and padding of a chunk-by-chunk written file
-
-
-def test_source_split_over_several_files(cli, make_checkpoint, tmp_path: Path) -> None:
-    """An HF checkpoint in 4 files with model.safetensors.index.json gives the same shards."""
-    single, split = make_checkpoint("tiny-gqa"), make_checkpoint("tiny-gqa", files=4)
-    assert (split / "model.safetensors.index.json").exists()
-    cli("convert", single, tmp_path / "a", "--tp", 4, "--pp", 2, "--json")
-    cli("convert", split, tmp_path / "b", "--tp", 4, "--pp", 2, "--json")
-    for rank in range(8):
-        name = f"model-rank-{rank}-part-0.safetensors"
-        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
-    assert not (tmp_path / "b" / "model.safetensors.index.json").exists()  # the HF index is not copied
-    manifest = json.loads((tmp_path / "b" / MANIFEST_NAME).read_text())
-    assert len(manifest["source"]["files"]) == 4

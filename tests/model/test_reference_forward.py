@@ -1,4 +1,4 @@
-"""The reference forward against the independent formulation of tests/foundation/independent.py
+"""The reference forward against the independent formulation of tests/model/independent.py
 (chunked SSD, F.conv1d, SDPA with a band mask, complex RoPE, safetensors' own reader), on fresh
 seeds of every tiny preset and a few custom configs, with sequences longer than the window."""
 
@@ -7,15 +7,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+import independent as ind
 import pytest
 import torch
+from model_helpers import Checkpoint, preset_raw
 
 from plamo2_tools.errors import UserError
 from plamo2_tools.model.checkpoint import HFCheckpoint
 from plamo2_tools.model.plamo2 import reference
-
-from . import independent as ind
-from .conftest import MakeCkpt, preset_raw
 
 # Hidden states are compared in float64; 1e-9 leaves room for summation order and nothing else.
 TOL = 1e-9
@@ -78,9 +77,9 @@ def check_against_independent(path: Path, tokens: list[int], chunk: int) -> None
 
 @pytest.mark.parametrize(("preset", "seed", "tok_seed", "chunk"), CASES)
 def test_reference_matches_independent_forward(
-    make_ckpt: MakeCkpt, preset: str, seed: int, tok_seed: int, chunk: int
+    checkpoint: Checkpoint, preset: str, seed: int, tok_seed: int, chunk: int
 ) -> None:
-    path = make_ckpt(preset, seed)
+    path = checkpoint(preset, seed)
     check_against_independent(path, long_tokens(path, tok_seed), chunk)
 
 
@@ -99,14 +98,14 @@ def test_reference_matches_independent_forward(
     ],
 )  # fmt: skip
 def test_reference_matches_independent_custom_configs(
-    custom_ckpt: Callable[..., Path], name: str, overrides: dict
+    custom_checkpoint: Callable[..., Path], name: str, overrides: dict
 ) -> None:
-    path = custom_ckpt(preset_raw("tiny", **overrides), seed=len(name))
+    path = custom_checkpoint(preset_raw("tiny", **overrides), seed=len(name))
     check_against_independent(path, long_tokens(path, len(name)), chunk=6)
 
 
-def test_several_sequences_do_not_interact(make_ckpt: MakeCkpt) -> None:
-    path = make_ckpt("tiny-gqa", 203)
+def test_several_sequences_do_not_interact(checkpoint: Checkpoint) -> None:
+    path = checkpoint("tiny-gqa", 203)
     V = 515
     seqs = [random_tokens(V, T, 10 + T) for T in (25, 1, 13)]
     m = ind.load(path)
@@ -116,17 +115,17 @@ def test_several_sequences_do_not_interact(make_ckpt: MakeCkpt) -> None:
         assert_float32_rounding_of(g, ind.logits(m, seq))
 
 
-def test_multi_file_checkpoint_gives_the_same_logits(make_ckpt: MakeCkpt) -> None:
+def test_multi_file_checkpoint_gives_the_same_logits(checkpoint: Checkpoint) -> None:
     tokens = random_tokens(1000, 30, 7)
     out = []
     for files in (1, 3):
-        with HFCheckpoint(make_ckpt("tiny", 104, files=files)) as ckpt:
+        with HFCheckpoint(checkpoint("tiny", 104, files=files)) as ckpt:
             out.append(reference.reference_logits(ckpt, [tokens])[0])
     assert torch.equal(*out)
 
 
-def test_float32_precision_is_close(make_ckpt: MakeCkpt) -> None:
-    path = make_ckpt("tiny-gqa", 204)
+def test_float32_precision_is_close(checkpoint: Checkpoint) -> None:
+    path = checkpoint("tiny-gqa", 204)
     tokens = long_tokens(path, 8)
     with HFCheckpoint(path) as ckpt:
         f64 = reference.reference_logits(ckpt, [tokens], torch.float64)[0]
@@ -135,8 +134,8 @@ def test_float32_precision_is_close(make_ckpt: MakeCkpt) -> None:
 
 
 @pytest.mark.parametrize("bad", [[-1], [1000], [5, 1000000]])
-def test_token_outside_vocabulary_is_a_user_error(make_ckpt: MakeCkpt, bad: list[int]) -> None:
-    with HFCheckpoint(make_ckpt("tiny")) as ckpt, pytest.raises(UserError, match="outside the vocabulary"):
+def test_token_outside_vocabulary_is_a_user_error(checkpoint: Checkpoint, bad: list[int]) -> None:
+    with HFCheckpoint(checkpoint("tiny")) as ckpt, pytest.raises(UserError, match="outside the vocabulary"):
         reference.reference_logits(ckpt, [[1, 2], [3, *bad]])
 
 
@@ -151,37 +150,37 @@ def _variant_diff(path: Path, tokens: list[int], change: Callable[[ind.Model], N
     return (ind.logits(m, tokens) - ref).abs().max().item()
 
 
-def test_tiled_gqa_would_be_caught(make_ckpt: MakeCkpt, monkeypatch: pytest.MonkeyPatch) -> None:
-    path = make_ckpt("tiny-gqa", 201)
+def test_tiled_gqa_would_be_caught(checkpoint: Checkpoint, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = checkpoint("tiny-gqa", 201)
     monkeypatch.setattr(ind, "kv_index", lambda Hq, Hkv: torch.arange(Hq) % Hkv)
     assert _variant_diff(path, long_tokens(path, 3), lambda m: None) > 1e-3
 
 
 @pytest.mark.parametrize("preset", ["tiny", "tiny-gqa", "tiny-edge", "tiny-2.1"])
-def test_ignoring_the_window_would_be_caught(make_ckpt: MakeCkpt, preset: str) -> None:
-    path = make_ckpt(preset, 9)
+def test_ignoring_the_window_would_be_caught(checkpoint: Checkpoint, preset: str) -> None:
+    path = checkpoint(preset, 9)
     assert _variant_diff(path, long_tokens(path, 3), lambda m: m.raw.update(attention_window_size=10**6)) > 1e-3
 
 
-def test_window_off_by_one_would_be_caught(make_ckpt: MakeCkpt) -> None:
+def test_window_off_by_one_would_be_caught(checkpoint: Checkpoint) -> None:
     # vLLM's "window keys" instead of HF's "itself + window keys".
-    path = make_ckpt("tiny", 9)
+    path = checkpoint("tiny", 9)
     shrink = lambda m: m.raw.update(attention_window_size=m.raw["attention_window_size"] - 1)  # noqa: E731
     assert _variant_diff(path, long_tokens(path, 3), shrink) > 1e-3
 
 
-def test_ignoring_full_attention_idx_would_be_caught(make_ckpt: MakeCkpt) -> None:
-    path = make_ckpt("tiny-gqa", 9)  # layer 4 is full causal
+def test_ignoring_full_attention_idx_would_be_caught(checkpoint: Checkpoint) -> None:
+    path = checkpoint("tiny-gqa", 9)  # layer 4 is full causal
     assert _variant_diff(path, long_tokens(path, 3), lambda m: m.raw.update(full_attention_idx=[])) > 1e-3
 
 
-def test_ignoring_rope_local_theta_would_be_caught(make_ckpt: MakeCkpt) -> None:
+def test_ignoring_rope_local_theta_would_be_caught(checkpoint: Checkpoint) -> None:
     """PLaMo 2.1: the windowed layers use rope_local_theta (10 vs 1e6 in tiny-2.1)."""
-    path = make_ckpt("tiny-2.1", 9)
+    path = checkpoint("tiny-2.1", 9)
     assert _variant_diff(path, long_tokens(path, 3), lambda m: m.raw.pop("rope_local_theta")) > 1e-3
 
 
-def test_rope_local_theta_on_the_full_attention_layer_would_be_caught(make_ckpt: MakeCkpt) -> None:
+def test_rope_local_theta_on_the_full_attention_layer_would_be_caught(checkpoint: Checkpoint) -> None:
     """...and the full-attention layer (3) keeps rope_theta."""
-    path = make_ckpt("tiny-2.1", 9)
+    path = checkpoint("tiny-2.1", 9)
     assert _variant_diff(path, long_tokens(path, 3), lambda m: m.raw.update(rope_theta=10.0)) > 1e-3

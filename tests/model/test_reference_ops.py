@@ -1,16 +1,15 @@
 """Every oracle of reference_ops (and the reference's RoPE) against an independent formulation from
-tests/foundation/independent.py, in float64 on fresh random inputs."""
+tests/model/independent.py, in float64 on fresh random inputs."""
 
 from __future__ import annotations
 
+import independent as ind
 import pytest
 import torch
 import torch.nn.functional as F
 
 from plamo2_tools.model import reference_ops
 from plamo2_tools.model.plamo2 import reference
-
-from . import independent as ind
 
 TOL = 1e-12
 

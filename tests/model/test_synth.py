@@ -6,8 +6,10 @@ import json
 import math
 from pathlib import Path
 
+import independent as ind
 import pytest
 import torch
+from model_helpers import Checkpoint
 from safetensors import safe_open
 
 from plamo2_tools.errors import OutputExistsError, UserError
@@ -18,9 +20,6 @@ from plamo2_tools.model.plamo2.presets import TINY_PRESETS
 from plamo2_tools.model.synth import preset_config, synth
 from plamo2_tools.outputs import RECORD_NAME
 from plamo2_tools.tokenizer import load_tokenizer
-
-from . import independent as ind
-from .conftest import MakeCkpt
 
 FILES = (
     "config.json",
@@ -42,16 +41,16 @@ def all_tensors(path: Path) -> dict[str, torch.Tensor]:
 
 # ---- determinism --------------------------------------------------------------------------------
 @pytest.mark.parametrize("preset", TINY_PRESETS)
-def test_same_seed_same_bytes(tmp_path: Path, make_ckpt: MakeCkpt, preset: str) -> None:
+def test_same_seed_same_bytes(tmp_path: Path, checkpoint: Checkpoint, preset: str) -> None:
     again = tmp_path / "again"
     synth(again, preset, seed=0)
-    assert file_bytes(again) == file_bytes(make_ckpt(preset, 0))
+    assert file_bytes(again) == file_bytes(checkpoint(preset, 0))
     assert sorted(file_bytes(again)) == sorted((*FILES, RECORD_NAME))  # + the record of what synth wrote
 
 
 @pytest.mark.parametrize("preset", TINY_PRESETS)
-def test_other_seed_changes_every_tensor(make_ckpt: MakeCkpt, preset: str) -> None:
-    a, b = make_ckpt(preset, 0), make_ckpt(preset, 1)
+def test_other_seed_changes_every_tensor(checkpoint: Checkpoint, preset: str) -> None:
+    a, b = checkpoint(preset, 0), checkpoint(preset, 1)
     assert (a / "config.json").read_bytes() == (b / "config.json").read_bytes()
     ta, tb = all_tensors(a), all_tensors(b)
     assert ta.keys() == tb.keys()
@@ -90,8 +89,8 @@ def test_unknown_dtype_rejected_by_preset_config() -> None:
 
 
 # ---- multi-file checkpoints and dtypes ------------------------------------------------------
-def test_multi_file_index(make_ckpt: MakeCkpt) -> None:
-    path = make_ckpt("tiny-gqa", 0, files=3)
+def test_multi_file_index(checkpoint: Checkpoint) -> None:
+    path = checkpoint("tiny-gqa", 0, files=3)
     index = json.loads((path / "model.safetensors.index.json").read_text())
     cfg = Plamo2Config.from_file(path)
     shapes = hf_tensor_shapes(cfg)
@@ -107,7 +106,7 @@ def test_multi_file_index(make_ckpt: MakeCkpt) -> None:
             total += sum(f.get_tensor(k).nbytes for k in keys)
     assert index["metadata"]["total_size"] == total == 4 * num_parameters(cfg)
     # The split changes the files, not the values.
-    single = all_tensors(make_ckpt("tiny-gqa", 0))
+    single = all_tensors(checkpoint("tiny-gqa", 0))
     split = all_tensors(path)
     assert single.keys() == split.keys() and all(torch.equal(single[k], split[k]) for k in single)
     with HFCheckpoint(path) as ckpt:
@@ -115,21 +114,21 @@ def test_multi_file_index(make_ckpt: MakeCkpt) -> None:
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-def test_other_dtypes(make_ckpt: MakeCkpt, dtype: str) -> None:
-    path = make_ckpt("tiny", 0, dtype=dtype)
+def test_other_dtypes(checkpoint: Checkpoint, dtype: str) -> None:
+    path = checkpoint("tiny", 0, dtype=dtype)
     assert json.loads((path / "config.json").read_text())["torch_dtype"] == dtype
     with HFCheckpoint(path) as ckpt:
         assert {info.dtype for info in ckpt.tensors.values()} == {getattr(torch, dtype)}
         assert ckpt.inventory_problems() == []
-        f32 = all_tensors(make_ckpt("tiny", 0))
+        f32 = all_tensors(checkpoint("tiny", 0))
         for name in ("model.embed_tokens.weight", "model.layers.layers.0.mixer.A_log"):
             assert torch.equal(ckpt.get(name), f32[name].to(getattr(torch, dtype)))
 
 
 # ---- numerical health -----------------------------------------------------------------------
 @pytest.mark.parametrize("preset", TINY_PRESETS)
-def test_values_are_numerically_healthy(make_ckpt: MakeCkpt, preset: str) -> None:
-    path = make_ckpt(preset, 5)
+def test_values_are_numerically_healthy(checkpoint: Checkpoint, preset: str) -> None:
+    path = checkpoint(preset, 5)
     m = ind.load(path)
     V, window = m.raw["vocab_size"], m.get("attention_window_size")
     tokens = torch.randint(0, V, (2 * window + 6,), generator=torch.Generator().manual_seed(0)).tolist()
@@ -173,8 +172,8 @@ TEXTS = [
 
 
 @pytest.mark.parametrize("preset", TINY_PRESETS)
-def test_tokenizer_loads_without_remote_code(make_ckpt: MakeCkpt, preset: str) -> None:
-    path = make_ckpt(preset, 0)
+def test_tokenizer_loads_without_remote_code(checkpoint: Checkpoint, preset: str) -> None:
+    path = checkpoint(preset, 0)
     tok = load_tokenizer(path)  # PLaMo's tokenizer.jsonl, run natively
     assert type(tok).__name__ == "PlamoTokenizerNative"
     V = preset_config(preset).vocab_size
@@ -202,10 +201,10 @@ def test_tokenizer_needs_room_for_bytes(tmp_path: Path) -> None:
     assert tok.decode(tok.encode("ok ✓"), skip_special_tokens=True) == "ok ✓"
 
 
-def test_parameter_count_matches_files(make_ckpt: MakeCkpt) -> None:
+def test_parameter_count_matches_files(checkpoint: Checkpoint) -> None:
     for preset in TINY_PRESETS:
         cfg = preset_config(preset)
-        size = (make_ckpt(preset, 0) / "model.safetensors").stat().st_size
+        size = (checkpoint(preset, 0) / "model.safetensors").stat().st_size
         # header + 4 bytes per parameter
         assert 0 < size - 4 * num_parameters(cfg) < 64 * 1024
         assert math.prod(hf_tensor_shapes(cfg)["model.embed_tokens.weight"]) == cfg.vocab_size * cfg.hidden_size

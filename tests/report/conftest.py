@@ -1,5 +1,5 @@
-"""Fixtures for the report tests: the committed input files, the CLI in-process, and helpers that
-check the Markdown's tables and image links."""
+"""Fixtures for the report tests: the committed input files.  The CLI is tests/conftest.py's `cli`;
+the checks of the Markdown's tables and image links are in report_helpers.py."""
 
 from __future__ import annotations
 

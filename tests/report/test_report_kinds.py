@@ -117,19 +117,17 @@ def test_kernel_stream_needs_its_header_and_a_known_version(tmp_path: Path) -> N
     assert "only plamo2-bench-kernels streams" in classify(load(verify_stream))[1]
 
 
-def test_what_the_tools_write_is_read(cli, tmp_path: Path) -> None:
+def test_what_the_tools_write_is_read(cli, checkpoint, tmp_path: Path) -> None:
     """convert / check / inspect --json and verify --output from the real commands."""
-    from plamo2_tools.model.synth import synth
-
-    synth(tmp_path / "src", "tiny", seed=3)
+    src = checkpoint("tiny", seed=3)
     out = tmp_path / "results"
     out.mkdir()
     shards = tmp_path / "tp2pp1"
-    (out / "convert.json").write_text(cli("convert", tmp_path / "src", shards, "--tp", "2", "--json").stdout)
+    (out / "convert.json").write_text(cli("convert", src, shards, "--tp", "2", "--json").stdout)
     (out / "check.json").write_text(cli("check", shards, "--json").stdout)
     (out / "inspect-shards.json").write_text(cli("inspect", shards, "--json").stdout)
-    (out / "inspect-hf.json").write_text(cli("inspect", tmp_path / "src", "--json").stdout)
-    cli("verify", shards, "--reference", tmp_path / "src", "--random", "1", "--max-new-tokens", "2",
+    (out / "inspect-hf.json").write_text(cli("inspect", src, "--json").stdout)
+    cli("verify", shards, "--reference", src, "--random", "1", "--max-new-tokens", "2",
         "--output", out / "verify.json")  # fmt: skip
     result = build_report([out], tmp_path / "r.md", timestamp=False)
     assert result.skipped == []

@@ -71,7 +71,7 @@ def _expected(manifest, rank: int) -> list[tuple[str, str]]:
 
 @pytest.mark.parametrize("preset", ["tiny", "tiny-gqa"])
 def test_all_reduce_follows_exactly_the_row_split_weights(preset: str, shards, monkeypatch) -> None:
-    path: Path = shards(preset, 2, 1)
+    path: Path = shards(preset, 2, 1, seed=11)
     manifest = load_manifest(path)
     rank = 1
     weights = load_rank_weights(manifest, rank, torch.device("cpu"))

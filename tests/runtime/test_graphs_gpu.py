@@ -28,7 +28,7 @@ BACKEND = "triton" if GIVEN else "torch"
 
 @pytest.fixture(scope="module")
 def gpu_shards(shards) -> Path:
-    return Path(GIVEN) if GIVEN else shards("tiny-gqa", 1, 1, "bfloat16")
+    return Path(GIVEN) if GIVEN else shards("tiny-gqa", 1, 1, dtype="bfloat16", seed=11)
 
 
 def prompts(vocab: int, lengths: list[int], seed: int = 0) -> list[list[int]]:
@@ -93,7 +93,7 @@ def test_tp2_graphs_on_nccl_ranks_equal_eager(shards) -> None:
     from plamo2_tools.runtime.process.launch import launch
     from plamo2_tools.runtime.serving.generation import generate_job
 
-    path = shards("tiny-gqa", 2, 1, "bfloat16")
+    path = shards("tiny-gqa", 2, 1, dtype="bfloat16", seed=11)
     seqs = prompts(515, [4, 19, 33])
     outs = {}
     for graphs in (True, False):

@@ -27,7 +27,7 @@ LAYOUTS = [(p, tp, pp) for p in ("tiny", "tiny-gqa", "tiny-edge", "tiny-2.1") fo
 def test_every_layout_matches_the_reference(preset, tp, pp, shards, prompts, reference):
     """fp32 shards: max relative logit error < 1e-4 and the same 32 greedy tokens."""
     ref = reference(preset)
-    with Runtime(shards(preset, tp, pp), backend="torch", mode="local") as rt:
+    with Runtime(shards(preset, tp, pp, seed=11), backend="torch", mode="local") as rt:
         metrics = compare(ref, runtime_outputs(rt, prompts[preset], GREEDY_STEPS))
     assert metrics["max_rel_err"] < 1e-4, metrics
     assert metrics["greedy_match_tokens"] == [GREEDY_STEPS] * len(prompts[preset]), metrics
@@ -37,7 +37,7 @@ def test_every_layout_matches_the_reference(preset, tp, pp, shards, prompts, ref
 def test_reference_is_not_trivially_matched(shards, prompts, reference):
     """The comparison can fail: another preset's prompts/continuations must not match."""
     ref = reference("tiny")
-    with Runtime(shards("tiny", 1, 1), backend="torch") as rt:
+    with Runtime(shards("tiny", 1, 1, seed=11), backend="torch") as rt:
         out = runtime_outputs(rt, prompts["tiny"], GREEDY_STEPS)
     out["prompt_logits"] = [lg.roll(1, dims=-1) for lg in out["prompt_logits"]]  # shifted vocab
     metrics = compare(ref, out)
@@ -45,9 +45,14 @@ def test_reference_is_not_trivially_matched(shards, prompts, reference):
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-def test_half_precision_shards_within_stated_tolerances(dtype, checkpoints, shards, prompts):
+def test_half_precision_shards_within_stated_tolerances(dtype, checkpoint, shards, prompts):
     result = verify(
-        [shards("tiny-gqa", 2, 2, dtype)], checkpoints["tiny-gqa"], prompts["tiny-gqa"], "fixture", 16, backend="torch"
+        [shards("tiny-gqa", 2, 2, dtype=dtype, seed=11)],
+        checkpoint("tiny-gqa", seed=11),
+        prompts["tiny-gqa"],
+        "fixture",
+        16,
+        backend="torch",
     )
     layout = result["layouts"][0]
     assert layout["dtype"] == dtype
@@ -57,7 +62,7 @@ def test_half_precision_shards_within_stated_tolerances(dtype, checkpoints, shar
 
 def test_torchrun_ranks_equal_one_process(shards, prompts):
     """4 real gloo ranks (TP2 x PP2) and 4 thread ranks give the same logits and tokens."""
-    path, seqs = shards("tiny", 2, 2), prompts["tiny"]
+    path, seqs = shards("tiny", 2, 2, seed=11), prompts["tiny"]
     runtime = {"shards": str(path), "device": "cpu", "backend": "torch", "prefill_chunk": None}
     dist = run_job(runtime_outputs, runtime, {"prompts": seqs, "max_new_tokens": 8}, launch=True)
     with Runtime(path, backend="torch", mode="local") as rt:
@@ -69,7 +74,7 @@ def test_torchrun_ranks_equal_one_process(shards, prompts):
 
 def test_prefill_plus_decode_equals_full_forward(shards, prompts):
     seqs = prompts["tiny-gqa"]
-    with Runtime(shards("tiny-gqa", 2, 1), backend="torch") as rt:
+    with Runtime(shards("tiny-gqa", 2, 1, seed=11), backend="torch") as rt:
         gen = rt.generate(seqs, 12, return_logits=True)
         full = rt.prompt_logits([s + t for s, t in zip(seqs, gen.tokens, strict=True)])
     for s, steps, lg in zip(seqs, gen.logits, full, strict=True):
@@ -79,7 +84,7 @@ def test_prefill_plus_decode_equals_full_forward(shards, prompts):
 
 def test_ragged_batch_equals_one_by_one(shards, prompts):
     seqs = prompts["tiny"] + [[1, 7], [1, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24]]
-    with Runtime(shards("tiny", 2, 1), backend="torch") as rt:
+    with Runtime(shards("tiny", 2, 1, seed=11), backend="torch") as rt:
         batch = rt.generate(seqs, 10, return_logits=True)
         for i, s in enumerate(seqs):
             alone = rt.generate([s], 10, return_logits=True)
@@ -90,7 +95,7 @@ def test_ragged_batch_equals_one_by_one(shards, prompts):
 @pytest.mark.parametrize("chunk", [1, 3, 7])
 def test_chunked_prefill_equals_one_shot(shards, prompts, chunk):
     seqs = prompts["tiny-gqa"]
-    path = shards("tiny-gqa", 1, 2)
+    path = shards("tiny-gqa", 1, 2, seed=11)
     with Runtime(path, backend="torch") as rt:
         whole = rt.prompt_logits(seqs)
         whole_gen = rt.generate(seqs, 6).tokens
@@ -101,14 +106,14 @@ def test_chunked_prefill_equals_one_shot(shards, prompts, chunk):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
 
 
-def test_window_crossed_in_decode_matches_reference(shards, checkpoints):
+def test_window_crossed_in_decode_matches_reference(shards, checkpoint):
     """Prompt and continuation far past the 12-token window of `tiny`: the reference (HF window
     semantics: self + 12 previous keys) and the runtime still agree token for token."""
     from plamo2_tools.verify import reference_outputs
 
     prompt = [[1] + [(i * 37) % 997 + 1 for i in range(30)]]
-    ref = reference_outputs(checkpoints["tiny"], prompt, 24, torch.float64)
-    with Runtime(shards("tiny", 1, 1), backend="torch") as rt:
+    ref = reference_outputs(checkpoint("tiny", seed=11), prompt, 24, torch.float64)
+    with Runtime(shards("tiny", 1, 1, seed=11), backend="torch") as rt:
         gen = rt.generate(prompt, 24, return_logits=True)
     assert gen.tokens[0] == ref.tokens[0]
     torch.testing.assert_close(gen.logits[0], ref.step_logits[0].float(), rtol=1e-4, atol=1e-4)
@@ -116,7 +121,7 @@ def test_window_crossed_in_decode_matches_reference(shards, checkpoints):
 
 def test_score_matches_prompt_logits(shards, prompts):
     seqs = prompts["tiny-edge"]
-    with Runtime(shards("tiny-edge", 2, 2), backend="torch") as rt:
+    with Runtime(shards("tiny-edge", 2, 2, seed=11), backend="torch") as rt:
         logits = rt.prompt_logits(seqs)
         scores = rt.score(seqs, [2] * len(seqs))
     for s, lg, (logprob, greedy) in zip(seqs, logits, scores, strict=True):
@@ -128,7 +133,7 @@ def test_score_matches_prompt_logits(shards, prompts):
 
 def test_sampling_is_seeded_and_respects_eos(shards, prompts):
     seqs = prompts["tiny"]
-    with Runtime(shards("tiny", 2, 2), backend="torch") as rt:
+    with Runtime(shards("tiny", 2, 2, seed=11), backend="torch") as rt:
         a = rt.generate(seqs, 8, temperature=1.0, top_p=0.9, seed=5).tokens
         b = rt.generate(seqs, 8, temperature=1.0, top_p=0.9, seed=5).tokens
         c = rt.generate(seqs, 8, temperature=1.0, top_p=0.9, seed=6).tokens
@@ -149,21 +154,16 @@ def test_sampling_is_seeded_and_respects_eos(shards, prompts):
 def test_bad_tokens_are_a_user_error(shards):
     from plamo2_tools.errors import UserError
 
-    with Runtime(shards("tiny", 1, 1), backend="torch") as rt, pytest.raises(UserError, match="outside the vocabulary"):
+    with (
+        Runtime(shards("tiny", 1, 1, seed=11), backend="torch") as rt,
+        pytest.raises(UserError, match="outside the vocabulary"),
+    ):
         rt.prompt_logits([[1, 5000]])
 
 
-def test_verify_cli_passes_and_catches_a_broken_shard(tmp_path, shards, checkpoints):
-    from typer.testing import CliRunner
-
-    from plamo2_tools.cli import app
-
-    path = shards("tiny-gqa", 2, 1)
-    runner = CliRunner()
-    ok = runner.invoke(
-        app, ["verify", str(path), "--reference", str(checkpoints["tiny-gqa"]), "--max-new-tokens", "4", "--json"]
-    )
-    assert ok.exit_code == 0, ok.output
+def test_verify_cli_passes_and_catches_a_broken_shard(tmp_path, cli, shards, checkpoint):
+    path = shards("tiny-gqa", 2, 1, seed=11)
+    ok = cli("verify", path, "--reference", checkpoint("tiny-gqa", seed=11), "--max-new-tokens", "4", "--json")
     assert json.loads(ok.stdout)["passed"] is True
 
     # Swap the q rows of two heads inside rank 1's qkv_proj of layer 1, in place: same header and
@@ -181,53 +181,28 @@ def test_verify_cli_passes_and_catches_a_broken_shard(tmp_path, shards, checkpoi
     a, b = info.offset, info.offset + rows
     data[a:b], data[b : b + rows] = data[b : b + rows], data[a:b]
     f.write_bytes(bytes(data))
-    args = ["verify", str(broken), "--reference", str(checkpoints["tiny-gqa"]), "--max-new-tokens", "4"]
-    refused = runner.invoke(app, args)
-    assert refused.exit_code == 2 and "model-rank-1-part-0.safetensors: xxh3-128 digest differs" in refused.stderr
-    bad = runner.invoke(app, [*args, "--no-verify"])
-    assert bad.exit_code == 1, bad.output
+    args = ["verify", broken, "--reference", checkpoint("tiny-gqa", seed=11), "--max-new-tokens", "4"]
+    refused = cli(*args, expect=2)
+    assert "model-rank-1-part-0.safetensors: xxh3-128 digest differs" in refused.stderr
+    bad = cli(*args, "--no-verify", expect=1)
     assert "FAIL" in bad.output
 
 
-def test_logits_cli_on_shards_equals_reference(tmp_path, shards, checkpoints):
+def test_logits_cli_on_shards_equals_reference(tmp_path, cli, shards, checkpoint):
     import numpy as np
-    from typer.testing import CliRunner
 
-    from plamo2_tools.cli import app
-
-    runner = CliRunner()
     ids = "1,17,300,42,5,6,7,8,9,10,11,12,13,14,15,16"
     a, b = tmp_path / "a.npy", tmp_path / "b.npy"
-    r1 = runner.invoke(
-        app, ["logits", str(shards("tiny", 2, 2)), "--input-ids", ids, "--out", str(a), "--backend", "torch"]
-    )
-    r2 = runner.invoke(app, ["logits", str(checkpoints["tiny"]), "--input-ids", ids, "--out", str(b)])
-    assert r1.exit_code == 0 and r2.exit_code == 0, r1.output + r2.output
+    cli("logits", shards("tiny", 2, 2, seed=11), "--input-ids", ids, "--out", a, "--backend", "torch")
+    cli("logits", checkpoint("tiny", seed=11), "--input-ids", ids, "--out", b)
     x, y = np.load(a), np.load(b)
     assert x.shape == y.shape == (16, 1000)
     assert np.abs(x - y).max() / np.abs(y).max() < 1e-4
 
 
-def test_generate_cli_json(shards):
-    from typer.testing import CliRunner
-
-    from plamo2_tools.cli import app
-
-    result = CliRunner().invoke(
-        app,
-        [
-            "generate",
-            str(shards("tiny", 1, 2)),
-            "--prompt",
-            "Q: 1+1?",
-            "--max-new-tokens",
-            "5",
-            "--json",
-            "--backend",
-            "torch",
-        ],
-    )
-    assert result.exit_code == 0, result.output
+def test_generate_cli_json(cli, shards):
+    args = ("--prompt", "Q: 1+1?", "--max-new-tokens", "5", "--json", "--backend", "torch")
+    result = cli("generate", shards("tiny", 1, 2, seed=11), *args)
     data = json.loads(result.stdout)
     assert len(data["tokens"]) == 5 and data["prompt_tokens"] == 8  # BOS + 7 bytes
 
@@ -241,7 +216,7 @@ def test_cli_under_torchrun_uses_real_ranks(tmp_path, shards):
 
     import numpy as np
 
-    path = shards("tiny", 2, 2)
+    path = shards("tiny", 2, 2, seed=11)
     ids = "1,5,9,200,31,7,8,9,10,11,12,13,14,15"
     dist_out, local_out = tmp_path / "dist.npy", tmp_path / "local.npy"
     cmd = [

@@ -1,4 +1,4 @@
-"""The runtime on shards against the second, independent forward (tests/foundation/independent.py),
+"""The runtime on shards against the second, independent forward (tests/model/independent.py),
 not only against `plamo2_tools.model.plamo2.reference`.
 
 The reference forward, the converter and the runtime share plamo2_tools.model.plamo2.config (norm offsets,
@@ -9,11 +9,7 @@ the spec, importing nothing from plamo2_tools, so such a constant shows up here.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-from types import ModuleType
-
+import independent as ind  # tests/model/independent.py (on pytest's pythonpath)
 import pytest
 import torch
 
@@ -23,20 +19,6 @@ from plamo2_tools.runtime.serving.engine import Runtime
 
 STEPS = 8  # greedy tokens compared per prompt (each one a full float64 forward of the independent model)
 MAX_REL_ERR = 1e-4  # the fp32 threshold of `verify` (runtime/verify.py THRESHOLDS)
-
-
-def load_independent() -> ModuleType:
-    """tests/foundation/independent.py by path: tests/runtime is not a package that could import it."""
-    path = Path(__file__).resolve().parents[1] / "foundation" / "independent.py"
-    spec = importlib.util.spec_from_file_location("plamo2_independent_forward", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
-ind = load_independent()
 
 
 def layouts(preset: str) -> list[tuple[int, int]]:
@@ -51,14 +33,14 @@ CASES = [(p, tp, pp) for p in ("tiny", "tiny-gqa", "tiny-edge") for tp, pp in la
 
 
 @pytest.fixture(scope="module")
-def independent(checkpoints: dict[str, Path], prompts: dict[str, list[list[int]]]):
+def independent(checkpoint, prompts: dict[str, list[list[int]]]):
     """Per preset: the independent model's float64 logits of every prompt position, and its greedy
     continuation with the logits of each step (a full forward over prompt + tokens so far)."""
     cache: dict[str, tuple[list[torch.Tensor], list[list[int]]]] = {}
 
     def get(preset: str) -> tuple[list[torch.Tensor], list[list[int]]]:
         if preset not in cache:
-            m = ind.load(checkpoints[preset], torch.float64)
+            m = ind.load(checkpoint(preset, seed=11), torch.float64)
             logits, greedy = [], []
             for prompt in prompts[preset]:
                 logits.append(ind.logits(m, prompt))
@@ -77,7 +59,7 @@ def test_runtime_matches_the_independent_forward(preset, tp, pp, shards, prompts
     """fp32 shards: every prompt position within fp32 rounding of the float64 independent logits, and
     the same greedy tokens."""
     want_logits, want_tokens = independent(preset)
-    with Runtime(shards(preset, tp, pp), backend="torch", mode="local") as rt:
+    with Runtime(shards(preset, tp, pp, seed=11), backend="torch", mode="local") as rt:
         got_logits = rt.prompt_logits(prompts[preset])
         got_tokens = rt.generate(prompts[preset], STEPS).tokens
     for i, (got, want) in enumerate(zip(got_logits, want_logits, strict=True)):

@@ -7,10 +7,8 @@ parsing, by the rules docs/shard-format.md states, never with plamo2_tools' dige
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import json
-import os
 import shutil
 import struct
 from pathlib import Path
@@ -52,14 +50,10 @@ def _same_files(a: Path, b: Path) -> None:
 
 
 @pytest.fixture(params=[1, 2], ids=["v1", "v2"])
-def shards(request: pytest.FixtureRequest, cli, make_checkpoint, tmp_path: Path) -> Path:
-    """tiny-edge at tp 2 x pp 2 in either format version (same layout: ranks 0/1 and 2/3 have
-    files of equal size, so a swap keeps every size right)."""
-    out = tmp_path / "shards"
-    if request.param == 1:
-        shutil.copytree(V1, out)
-    else:
-        cli("convert", make_checkpoint("tiny-edge"), out, "--tp", 2, "--pp", 2, "--json")
+def either_version(request: pytest.FixtureRequest, shards, private_copy) -> Path:
+    """A private copy of tiny-edge at tp 2 x pp 2 in either format version (same layout: ranks 0/1
+    and 2/3 have files of equal size, so a swap keeps every size right)."""
+    out = private_copy(V1 if request.param == 1 else shards("tiny-edge", 2, 2, values="watermark"))
     assert json.loads((out / MANIFEST_NAME).read_text())["format_version"] == request.param
     return out
 
@@ -70,10 +64,10 @@ def _failed(cli, path: Path) -> dict[str, list[str]]:
 
 
 # ---- what convert records -----------------------------------------------------------------------
-def test_streamed_digests_equal_digests_of_finished_files(cli, make_checkpoint, tmp_path: Path) -> None:
+def test_streamed_digests_equal_digests_of_finished_files(cli, checkpoint, tmp_path: Path) -> None:
     """Every digest in the manifest (files, tensors, input files), computed while copying, equals
     the digest of the finished file's bytes; several parts, padding, gathers, constants."""
-    src = make_checkpoint("tiny-gqa")
+    src = checkpoint("tiny-gqa", values="watermark")
     out = tmp_path / "out"
     result = json.loads(cli("convert", src, out, "--tp", 2, "--pp", 2, "--max-part-size", "200kB", "--json").stdout)
     assert all(result["copy"]["bytes"][k] > 0 for k in ("copy_file_range", "gather", "compute", "zeros"))
@@ -93,61 +87,17 @@ def test_streamed_digests_equal_digests_of_finished_files(cli, make_checkpoint, 
     }
 
 
-@pytest.mark.parametrize("mode", ["copy_file_range", "sendfile", "user"])
-def test_every_copy_path_writes_the_same_bytes(cli, make_checkpoint, tmp_path: Path, mode: str) -> None:
-    """Kernel-side and user-space copies, each forced, give byte-identical files and manifests
-    (the JSON says the forced path really carried the verbatim bytes)."""
-    src = make_checkpoint("tiny-gqa")
-    cli("convert", src, tmp_path / "auto", "--tp", 2, "--pp", 2, "--json")
-    r = json.loads(cli("convert", src, tmp_path / mode, "--tp", 2, "--pp", 2, "--copy", mode, "--json").stdout)
-    used = {k for k in ("copy_file_range", "sendfile", "user") if r["copy"]["bytes"][k]}
-    assert used == {mode}
-    _same_files(tmp_path / "auto", tmp_path / mode)
-    a, b = (json.loads((tmp_path / d / MANIFEST_NAME).read_text()) for d in ("auto", mode))
-    assert (a["files"], a["tensors"]) == (b["files"], b["tensors"])
-
-
-def test_refused_kernel_copies_fall_back(cli, make_checkpoint, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """copy_file_range refused (EXDEV: source and output on different filesystems) -> sendfile;
-    sendfile refused too -> user space; a forced path that is refused stops with one line."""
-    src = make_checkpoint("tiny-gqa")
-    cli("convert", src, tmp_path / "reference", "--tp", 2, "--json")
-
-    def refuse(*args: object) -> int:
-        raise OSError(errno.EXDEV, os.strerror(errno.EXDEV))
-
-    monkeypatch.setattr(os, "copy_file_range", refuse)
-    r = json.loads(cli("convert", src, tmp_path / "sendfile", "--tp", 2, "--json").stdout)
-    assert r["copy"]["bytes"]["copy_file_range"] == 0 and r["copy"]["bytes"]["sendfile"] > 0
-    monkeypatch.setattr(os, "sendfile", refuse)
-    r = json.loads(cli("convert", src, tmp_path / "user", "--tp", 2, "--json").stdout)
-    assert r["copy"]["bytes"]["sendfile"] == 0 and r["copy"]["bytes"]["user"] > 0
-    for d in ("sendfile", "user"):
-        _same_files(tmp_path / "reference", tmp_path / d)
-    r = cli("convert", src, tmp_path / "forced", "--tp", 2, "--copy", "copy_file_range", expect=3)
-    assert "--copy copy_file_range is refused here" in r.stderr
-    assert not (tmp_path / "forced" / MANIFEST_NAME).exists()
-
-
 def test_resume_reverifies_finished_files(cli, medium_checkpoint: Path, tmp_path: Path,
-                                          monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+                                          interrupt) -> None:  # fmt: skip
     """Interrupted after some files were journaled; one of them is then damaged without changing
     its size.  The rerun hashes every journaled file again: the damaged one is rewritten, the
     others kept, and the result equals an uninterrupted conversion."""
     split = ("--tp", 2, "--pp", 2, "--max-part-size", "1MB")
     cli("convert", medium_checkpoint, tmp_path / "reference", *split, "--json")
-    real, calls = engine._stream_unit, [0]
-
-    def stream_unit(*args, **kwargs):
-        calls[0] += 1
-        if calls[0] == 6:
-            raise KeyboardInterrupt
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(engine, "_stream_unit", stream_unit)
+    restore = interrupt(engine, "_stream_unit", on_call=6)
     out = tmp_path / "out"
     cli("convert", medium_checkpoint, out, *split, expect=130)
-    monkeypatch.setattr(engine, "_stream_unit", real)
+    restore()
     journaled = [json.loads(line) for line in (out / JOURNAL_NAME).read_text().splitlines()[1:]]
     assert len(journaled) >= 4
     for rec in journaled:  # the journal holds version 2 digests of the finished files
@@ -163,51 +113,51 @@ def test_resume_reverifies_finished_files(cli, medium_checkpoint: Path, tmp_path
 
 
 # ---- check under both versions -------------------------------------------------------------------
-def test_good_directory_passes(cli, shards: Path) -> None:
-    assert json.loads(cli("check", shards, "--json").stdout)["ok"] is True
+def test_good_directory_passes(cli, either_version: Path) -> None:
+    assert json.loads(cli("check", either_version, "--json").stdout)["ok"] is True
 
 
-def test_flipped_byte_in_a_tensor(cli, shards: Path) -> None:
-    m = load_manifest(shards)
+def test_flipped_byte_in_a_tensor(cli, either_version: Path) -> None:
+    m = load_manifest(either_version)
     name = "model-rank-1-part-0.safetensors"
-    data = (shards / name).read_bytes()
-    flip_byte(shards / name, len(data) - 3)  # inside the file's last tensor
-    failed = _failed(cli, shards)
+    data = (either_version / name).read_bytes()
+    flip_byte(either_version / name, len(data) - 3)  # inside the file's last tensor
+    failed = _failed(cli, either_version)
     assert set(failed) == {"files", "tensors"}
     assert failed["files"] == [f"{name}: {m.hash} digest differs from the manifest (damaged or replaced file?)"]
     assert len(failed["tensors"]) == 1 and failed["tensors"][0].startswith("rank 1: ")
 
 
-def test_flipped_byte_in_a_header(cli, shards: Path) -> None:
+def test_flipped_byte_in_a_header(cli, either_version: Path) -> None:
     """The header is covered too: a changed writer version (which no other check looks at) keeps
     the file valid, its tensors intact, and still fails the file digest."""
     name = "model-rank-2-part-0.safetensors"
-    data = bytearray((shards / name).read_bytes())
+    data = bytearray((either_version / name).read_bytes())
     at = data.index(b'"plamo2_tools_version":"') + len(b'"plamo2_tools_version":"')
     data[at] = ord("7") if data[at] != ord("7") else ord("8")
-    (shards / name).write_bytes(bytes(data))
-    failed = _failed(cli, shards)
+    (either_version / name).write_bytes(bytes(data))
+    failed = _failed(cli, either_version)
     assert set(failed) == {"files"} and failed["files"][0].startswith(name)
 
 
-def test_truncated_file(cli, shards: Path) -> None:
+def test_truncated_file(cli, either_version: Path) -> None:
     name = "model-rank-3-part-0.safetensors"
-    with open(shards / name, "r+b") as f:
-        f.truncate((shards / name).stat().st_size - 100)
-    failed = _failed(cli, shards)
+    with open(either_version / name, "r+b") as f:
+        f.truncate((either_version / name).stat().st_size - 100)
+    failed = _failed(cli, either_version)
     assert any(p.startswith(f"{name}: size") for p in failed["files"])
 
 
-def test_swapped_files(cli, shards: Path) -> None:
+def test_swapped_files(cli, either_version: Path) -> None:
     """Two ranks' files of the same size swapped: both digests differ, and the headers say whose
     they are."""
-    a, b = (shards / f"model-rank-{r}-part-0.safetensors" for r in (0, 1))
+    a, b = (either_version / f"model-rank-{r}-part-0.safetensors" for r in (0, 1))
     assert a.stat().st_size == b.stat().st_size
-    tmp = shards / "swap"
+    tmp = either_version / "swap"
     a.rename(tmp)
     b.rename(a)
     tmp.rename(b)
-    failed = _failed(cli, shards)
+    failed = _failed(cli, either_version)
     assert sorted(p.split(":")[0] for p in failed["files"]) == [a.name, b.name]
     assert "headers" in failed
 
@@ -250,9 +200,9 @@ def test_version_1_reshards_and_merges(cli, tmp_path: Path) -> None:
         ({"hash": "md5"}, "unknown hash algorithm 'md5'"),
     ],
 )
-def test_unknown_version_or_hash_is_refused(cli, make_checkpoint, tmp_path: Path, edit: dict, says: str) -> None:
+def test_unknown_version_or_hash_is_refused(cli, checkpoint, tmp_path: Path, edit: dict, says: str) -> None:
     out = tmp_path / "out"
-    cli("convert", make_checkpoint("tiny"), out, "--json")
+    cli("convert", checkpoint("tiny", values="watermark"), out, "--json")
     manifest = json.loads((out / MANIFEST_NAME).read_text())
     (out / MANIFEST_NAME).write_text(json.dumps({**manifest, **edit}))
     with pytest.raises(CheckpointError, match=says):
@@ -261,11 +211,11 @@ def test_unknown_version_or_hash_is_refused(cli, make_checkpoint, tmp_path: Path
     assert says in r.stderr
 
 
-def test_version_2_with_sha256_named_is_checked_by_it(cli, make_checkpoint, tmp_path: Path) -> None:
+def test_version_2_with_sha256_named_is_checked_by_it(cli, checkpoint, tmp_path: Path) -> None:
     """The algorithm is whatever `hash` names: the same directory with every digest rewritten in
     SHA-256 (by version 2's rules) passes `check`, and a flipped byte still fails it."""
     out = tmp_path / "out"
-    cli("convert", make_checkpoint("tiny-gqa"), out, "--tp", 2, "--json")
+    cli("convert", checkpoint("tiny-gqa", values="watermark"), out, "--tp", 2, "--json")
     m = json.loads((out / MANIFEST_NAME).read_text())
     m["hash"] = "sha256"
     for name, rec in m["files"].items():
@@ -280,26 +230,3 @@ def test_version_2_with_sha256_named_is_checked_by_it(cli, make_checkpoint, tmp_
     assert _failed(cli, out)["files"] == [
         "model-rank-0-part-0.safetensors: sha256 digest differs from the manifest (damaged or replaced file?)"
     ]
-
-
-def test_a_failing_job_stops_the_run_cleanly(cli, medium_checkpoint: Path, tmp_path: Path,
-                                             monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
-    """The disk fills up under one job while others run: one error line (exit 3), every job stopped
-    before the unfinished files are removed, no manifest; the finished files resume."""
-    real, calls = os.copy_file_range, [0]
-
-    def fill_up(*args: int) -> int:
-        calls[0] += 1
-        if calls[0] == 40:
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        return real(*args)
-
-    monkeypatch.setattr(os, "copy_file_range", fill_up)
-    out = tmp_path / "out"
-    split = ("--tp", 2, "--pp", 2, "--max-part-size", "1MB")
-    r = cli("convert", medium_checkpoint, out, *split, "--workers", 8, expect=3)
-    assert "no space left on device" in r.stderr
-    assert not (out / MANIFEST_NAME).exists() and not list(out.glob("*.partial"))
-    monkeypatch.setattr(os, "copy_file_range", real)
-    assert json.loads(cli("convert", medium_checkpoint, out, *split, "--json").stdout)["status"] == "resumed"
-    cli("check", out, "--json")

@@ -136,16 +136,16 @@ def test_lock_of_a_killed_convert_is_taken_over(cli, medium_checkpoint: Path, tm
     assert not (out / LOCK_NAME).exists()
 
 
-def test_every_writer_and_reader_refuses_a_locked_directory(cli, one_line_error, make_checkpoint,
+def test_every_writer_and_reader_refuses_a_locked_directory(cli, one_line_error, checkpoint,
                                                              tmp_path: Path) -> None:  # fmt: skip
     """A lock held by this process stands for a writer at work (flock excludes other open files
     of the same process too)."""
-    shards, merged = tmp_path / "shards", tmp_path / "merged"
-    cli("convert", make_checkpoint("tiny"), shards, "--json")
+    src, shards, merged = checkpoint("tiny", values="watermark"), tmp_path / "shards", tmp_path / "merged"
+    cli("convert", src, shards, "--json")
     cli("merge", shards, merged, "--json")
     with OutputLock(shards, "convert"):
         for args in (("check", shards), ("inspect", shards), ("merge", shards, tmp_path / "m2"),
-                     ("convert", shards, tmp_path / "re", "--tp", "2"), ("convert", make_checkpoint("tiny"), shards),
+                     ("convert", shards, tmp_path / "re", "--tp", "2"), ("convert", src, shards),
                      ("logits", shards, "--input-ids", "1,2", "--out", tmp_path / "x.npy")):  # fmt: skip
             assert "being written by `plamo2-tools convert`" in one_line_error(cli(*args, expect=3), 3)
     with OutputLock(merged, "merge"):
@@ -156,8 +156,8 @@ def test_every_writer_and_reader_refuses_a_locked_directory(cli, one_line_error,
 
 
 # ---- --force removes only what we wrote -----------------------------------------------------------
-def test_convert_force_keeps_the_users_files(cli, one_line_error, make_checkpoint, tmp_path: Path) -> None:
-    src, out = make_checkpoint("tiny"), tmp_path / "out"
+def test_convert_force_keeps_the_users_files(cli, one_line_error, checkpoint, tmp_path: Path) -> None:
+    src, out = checkpoint("tiny", values="watermark"), tmp_path / "out"
     cli("convert", src, out, "--tp", "2", "--json")
     mine = _user_files(out)
     (out / "model-rank-7-part-0.safetensors").write_text("a file that only looks like ours")
@@ -175,9 +175,9 @@ def test_convert_force_keeps_the_users_files(cli, one_line_error, make_checkpoin
     assert (other / "config.json").read_text() == '{"mine": true}' and sorted(os.listdir(other)) == ["config.json"]
 
 
-def test_merge_force_removes_only_its_own_files(cli, one_line_error, make_checkpoint, tmp_path: Path) -> None:
+def test_merge_force_removes_only_its_own_files(cli, one_line_error, checkpoint, tmp_path: Path) -> None:
     shards, out = tmp_path / "shards", tmp_path / "out"
-    cli("convert", make_checkpoint("tiny"), shards, "--json")
+    cli("convert", checkpoint("tiny", values="watermark"), shards, "--json")
     cli("merge", shards, out, "--max-part-size", "100kB", "--json")  # several parts and an index
     parts = sorted(p.name for p in out.glob("model-*-of-*.safetensors"))
     assert len(parts) > 1 and (out / hf_checkpoint.INDEX_NAME).exists()
@@ -208,38 +208,27 @@ def test_synth_force_keeps_the_users_files(cli, tmp_path: Path) -> None:
 
 
 # ---- interrupted writers never look complete, and readers say so ----------------------------------
-def test_interrupted_merge_is_named_and_redone(cli, one_line_error, make_checkpoint, tmp_path: Path,
-                                              monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_interrupted_merge_is_named_and_redone(cli, one_line_error, checkpoint, tmp_path: Path,
+                                              interrupt) -> None:  # fmt: skip
     shards, out = tmp_path / "shards", tmp_path / "merged"
-    cli("convert", make_checkpoint("tiny"), shards, "--json")
+    cli("convert", checkpoint("tiny", values="watermark"), shards, "--json")
     from plamo2_tools.convert import merge
 
-    def interrupted(*args, **kwargs):
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(merge, "write_hf_weights", interrupted)
+    restore = interrupt(merge, "write_hf_weights")
     line = one_line_error(cli("merge", shards, out, expect=130), 130, prefix="interrupted:")
     assert "run the same merge again" in line
     assert not (out / "config.json").exists() and not (out / "model.safetensors").exists()
     for args in (("inspect", out), ("convert", out, tmp_path / "c")):
         assert "an unfinished merge" in one_line_error(cli(*args, expect=2), 2)
-    monkeypatch.undo()
+    restore()
     cli("merge", shards, out, "--json")  # an unfinished merge of ours needs no --force
     assert json.loads((out / RECORD_NAME).read_text())["status"] == "complete"
     cli("inspect", out, "--json")
 
 
 def test_inspect_recognises_an_unfinished_conversion(cli, one_line_error, medium_checkpoint: Path, tmp_path: Path,
-                                                     monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
-    real, calls = engine._stream_unit, [0]
-
-    def stream_unit(*args, **kwargs):
-        calls[0] += 1
-        if calls[0] == 4:
-            raise KeyboardInterrupt
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(engine, "_stream_unit", stream_unit)
+                                                     interrupt) -> None:  # fmt: skip
+    interrupt(engine, "_stream_unit", on_call=4)
     out = tmp_path / "out"
     r = cli("convert", medium_checkpoint, out, *SPLIT, expect=130)  # stderr: the progress bar, then this line
     assert r.stderr.splitlines()[-1].startswith("interrupted:") and "Traceback" not in r.stderr
@@ -250,10 +239,10 @@ def test_inspect_recognises_an_unfinished_conversion(cli, one_line_error, medium
 
 
 # ---- the environment's refusals ---------------------------------------------------------------------
-def test_read_only_output_directory(cli, one_line_error, make_checkpoint, tmp_path: Path,
+def test_read_only_output_directory(cli, one_line_error, checkpoint, tmp_path: Path,
                                     monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     """An existing directory on a read-only mount (root ignores permissions: simulated at open)."""
-    out = tmp_path / "ro"
+    src, out = checkpoint("tiny", values="watermark"), tmp_path / "ro"
     out.mkdir()
     real_open = os.open
 
@@ -271,15 +260,15 @@ def test_read_only_output_directory(cli, one_line_error, make_checkpoint, tmp_pa
 
     monkeypatch.setattr(os, "open", read_only)
     monkeypatch.setattr(builtins, "open", read_only_builtin)
-    for args in (("convert", make_checkpoint("tiny"), out), ("synth", out / "x", "--preset", "tiny")):
+    for args in (("convert", src, out), ("synth", out / "x", "--preset", "tiny")):
         line = one_line_error(cli(*args, expect=3), 3)
         assert "read-only file system" in line.lower(), line
     assert not [p for p in out.rglob("*") if not p.is_dir()]
 
 
-def test_disk_full_says_real_sizes(cli, one_line_error, make_checkpoint, tmp_path: Path,
+def test_disk_full_says_real_sizes(cli, one_line_error, checkpoint, tmp_path: Path,
                                    monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
-    real = shutil.disk_usage
+    src, real = checkpoint("tiny", values="watermark"), shutil.disk_usage
     monkeypatch.setattr(engine.shutil, "disk_usage", lambda p: real(p)._replace(free=1500))
-    line = one_line_error(cli("convert", make_checkpoint("tiny"), tmp_path / "out", expect=3), 3)
+    line = one_line_error(cli("convert", src, tmp_path / "out", expect=3), 3)
     assert re.search(r"the conversion needs \d+\.\d\d kB, 1\.50 kB free$", line), line  # was "0.00 GB, 0.00 GB"

@@ -6,7 +6,6 @@ import json
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
 from plamo2_tools.errors import UserError
 from plamo2_tools.tokenizer import PlamoTokenizerNative, load_tokenizer, write_synthetic_tokenizer
@@ -65,33 +64,31 @@ def test_runtime_engine_delegates(ckpt: Path) -> None:
 
 
 # ---- plamo2-tools tokenize -----------------------------------------------------------------------
-def run(args: list[str], stdin: str | None = None, expect: int = 0) -> str:
-    from plamo2_tools.cli import app
-
-    result = CliRunner().invoke(app, ["tokenize", *args], input=stdin)
-    crashed = result.exception is not None and not isinstance(result.exception, SystemExit)
-    assert not crashed and result.exit_code == expect, (result.exit_code, result.stdout, result.stderr)
+def run(cli, args: list[str], stdin: str | None = None, expect: int = 0) -> str:
+    """`plamo2-tools tokenize ARGS` (the `cli` fixture: exit code `expect`, no uncaught exception):
+    stdout on success, stderr otherwise."""
+    result = cli("tokenize", *args, input=stdin, expect=expect)
     return result.stdout if expect == 0 else result.stderr
 
 
-def test_encode_stdin_lines(ckpt: Path) -> None:
+def test_encode_stdin_lines(cli, ckpt: Path) -> None:
     tok = load_tokenizer(ckpt)
     texts = ["Tom had 250 stamps.", "", "日本語\n2行目", "a<|plamo:eos|>b"]
     stdin = "".join(json.dumps(t, ensure_ascii=False) + "\n" for t in texts) + "\n   \n"
-    lines = run([str(ckpt)], stdin).splitlines()
+    lines = run(cli, [str(ckpt)], stdin).splitlines()
     assert [json.loads(line) for line in lines] == [tok(t)["input_ids"] for t in texts]
     assert json.loads(lines[0])[0] == 1  # BOS, as the config says
 
 
-def test_files_and_decode(ckpt: Path, tmp_path: Path) -> None:
+def test_files_and_decode(cli, ckpt: Path, tmp_path: Path) -> None:
     texts = ["Question: 1+1?", "東京 👍🏽"]
     (tmp_path / "in.jsonl").write_text("".join(json.dumps(t) + "\n" for t in texts))
-    assert run([str(ckpt), "--input", str(tmp_path / "in.jsonl"), "--out", str(tmp_path / "ids.jsonl")]) == ""
+    assert run(cli, [str(ckpt), "--input", str(tmp_path / "in.jsonl"), "--out", str(tmp_path / "ids.jsonl")]) == ""
     assert not (tmp_path / "ids.jsonl.partial").exists()
-    run([str(ckpt), "--decode", "--input", str(tmp_path / "ids.jsonl"), "--out", str(tmp_path / "back.jsonl")])
+    run(cli, [str(ckpt), "--decode", "--input", str(tmp_path / "ids.jsonl"), "--out", str(tmp_path / "back.jsonl")])
     back = [json.loads(line) for line in (tmp_path / "back.jsonl").read_text().splitlines()]
     assert back == ["<|plamo:bos|>" + t for t in texts]
-    out = run([str(ckpt), "--decode", "--skip-special-tokens", "--input", str(tmp_path / "ids.jsonl")])
+    out = run(cli, [str(ckpt), "--decode", "--skip-special-tokens", "--input", str(tmp_path / "ids.jsonl")])
     assert [json.loads(line) for line in out.splitlines()] == texts
 
 
@@ -105,12 +102,12 @@ def test_files_and_decode(ckpt: Path, tmp_path: Path) -> None:
         (["--input", "/nonexistent/in.jsonl"], None, "cannot read"),
     ],
 )
-def test_bad_input_exits_2(ckpt: Path, args: list[str], stdin: str | None, message: str) -> None:
-    assert message in run([str(ckpt), *args], stdin, expect=2)
+def test_bad_input_exits_2(cli, ckpt: Path, args: list[str], stdin: str | None, message: str) -> None:
+    assert message in run(cli, [str(ckpt), *args], stdin, expect=2)
 
 
-def test_no_remote_code_without_the_flag(tmp_path: Path) -> None:
+def test_no_remote_code_without_the_flag(cli, tmp_path: Path) -> None:
     directory = tmp_path / "remote"
     write_synthetic_tokenizer(directory, vocab_size=300)
     (directory / "tokenizer.jsonl").rename(directory / "other.jsonl")  # not ours: AutoTokenizer's
-    assert "remote code" in run([str(directory)], '"x"\n', expect=2)
+    assert "remote code" in run(cli, [str(directory)], '"x"\n', expect=2)
