@@ -58,7 +58,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 ORACLE = REPO / "tests" / "model" / "plamo3_independent.py"
 KIND = "plamo3-vllm-forward"
-VERSION = 1
+SCHEMA_VERSION = 1
 ATTN_SCALES = ("_k_scale", "_v_scale", "_q_scale", "_prob_scale")
 # fp32 vLLM against the float64 oracle; logits are O(10) here.
 LOGIT_TOL = 2e-4
@@ -919,7 +919,7 @@ def main(argv: list[str] | None = None) -> int:
             )
     report = {
         "kind": KIND,
-        "schema_version": VERSION,
+        "schema_version": SCHEMA_VERSION,
         "command": " ".join([Path(sys.executable).name, "bench/plamo3_vllm_forward.py", *(argv or sys.argv[1:])]),
         "vllm_version": vllm.__version__,
         "torch_version": torch.__version__,

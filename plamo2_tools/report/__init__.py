@@ -33,6 +33,7 @@ from .inputs import (
     LMEVAL,
     VERIFY,
     VLLM_COMPAT,
+    VLLM_FORWARD,
     Doc,
     Skipped,
     collect,
@@ -49,7 +50,7 @@ SECTIONS: list[tuple[tuple[str, ...], str, Renderer]] = [
     ((BENCH_CONVERT,), "Convert benchmark", bench_convert.render),
     ((BENCH_KERNELS,), "Kernel benchmark", bench_kernels.render),
     ((BENCH_RUNTIME,), "Runtime throughput", bench_runtime.render),
-    ((VLLM_COMPAT, BENCH_TOKENIZER, KILL_RESUME), "Compatibility and robustness", checks.render),
+    ((VLLM_COMPAT, VLLM_FORWARD, BENCH_TOKENIZER, KILL_RESUME), "Compatibility and robustness", checks.render),
     ((CONVERT, CHECK, INSPECT), "Tool output", tools.render),
 ]
 

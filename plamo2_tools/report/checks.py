@@ -7,13 +7,14 @@ from __future__ import annotations
 from typing import Any
 
 from .context import Context
-from .inputs import BENCH_TOKENIZER, KILL_RESUME, VLLM_COMPAT, Doc
+from .inputs import BENCH_TOKENIZER, KILL_RESUME, VLLM_COMPAT, VLLM_FORWARD, Doc
 from .markdown import MISSING, code, num, table
 
 
 def render(docs: list[Doc], ctx: Context) -> list[str]:
     lines = ["## Compatibility and robustness", ""]
     for kind, title, make in ((VLLM_COMPAT, "vLLM 0.26 loads our shards", vllm_table),
+                              (VLLM_FORWARD, "vLLM 0.26's own PLaMo 3 forward vs our oracle", forward_table),
                               (BENCH_TOKENIZER, "Native tokenizer vs PLaMo's original", tokenizer_table),
                               (KILL_RESUME, "convert killed and resumed", kill_table)):  # fmt: skip
         chosen = [d for d in docs if d.kind == kind]
@@ -34,6 +35,19 @@ def vllm_table(docs: list[Doc]) -> list[str]:
     headers = ["File", "vLLM", "dtype", "presets", "TP", "bit-identical", "of which vLLM's HF loader fails", "fail",
                "not valid splits"]  # fmt: skip
     return table(headers, rows, right=(5, 6, 7, 8))
+
+
+def forward_table(docs: list[Doc]) -> list[str]:
+    rows = []
+    for doc in docs:
+        for c in doc.data["cases"]:
+            lg = c.get("logits") or {}
+            rows.append([code(doc.name), num(c.get("case")), num(c.get("window")), num(c.get("prompt_len")),
+                         num(lg.get("max_abs_diff_vs_oracle_vllm")), num(lg.get("max_rel_diff_vs_oracle_vllm")),
+                         "yes" if lg.get("argmax_equal_vs_oracle_vllm") else "no", num((c.get("rope") or {}).get(
+                             "max_abs_diff")), num(c.get("status"))])  # fmt: skip
+    headers = ["File", "case", "W", "prompt", "max abs Δlogit", "max rel", "argmax equal", "RoPE table Δ", "status"]
+    return table(headers, rows, right=(2, 3, 4, 5, 7))
 
 
 def tokenizer_table(docs: list[Doc]) -> list[str]:

@@ -40,6 +40,7 @@ BENCH_CONVERT_KIND = "plamo2-bench-convert"  # bench/convert.py
 BENCH_KERNELS_KIND = "plamo2-bench-kernels"  # bench/kernels.py: kernels.json, kernels.jsonl
 BENCH_RUNTIME_KIND = "plamo2-bench-runtime"  # bench/runtime.py
 VLLM_COMPAT_KIND = "plamo2-vllm-compat"  # bench/vllm_compat.py
+VLLM_FORWARD_KIND = "plamo3-vllm-forward"  # bench/plamo3_vllm_forward.py
 BENCH_TOKENIZER_KIND = "plamo2-bench-tokenizer"  # bench/tokenizer.py
 KILL_RESUME_KIND = "plamo2-bench-kill-resume"  # bench/kill_resume.py
 
@@ -53,10 +54,11 @@ CONVERT = "convert"
 CHECK = "check"
 INSPECT = "inspect"
 VLLM_COMPAT = "vllm-compat"
+VLLM_FORWARD = "vllm-forward"
 BENCH_TOKENIZER = "bench-tokenizer"
 KILL_RESUME = "kill-resume"
-KINDS = (LMEVAL, VERIFY, BENCH_CONVERT, BENCH_KERNELS, BENCH_RUNTIME, VLLM_COMPAT, BENCH_TOKENIZER, KILL_RESUME,
-         CONVERT, CHECK, INSPECT)  # fmt: skip
+KINDS = (LMEVAL, VERIFY, BENCH_CONVERT, BENCH_KERNELS, BENCH_RUNTIME, VLLM_COMPAT, VLLM_FORWARD, BENCH_TOKENIZER,
+         KILL_RESUME, CONVERT, CHECK, INSPECT)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -80,6 +82,7 @@ SCHEMAS: dict[str, Schema] = {
     CHECK_KIND: Schema(CHECK, (1,), {"path": str, "ok": bool, "checks": dict}),
     INSPECT_KIND: Schema(INSPECT, (1,), {"path": str, "config": dict, "layers": list}),
     VLLM_COMPAT_KIND: Schema(VLLM_COMPAT, (1,), {"summary": dict, "cases": list}),
+    VLLM_FORWARD_KIND: Schema(VLLM_FORWARD, (1,), {"summary": dict, "cases": list}),
     BENCH_TOKENIZER_KIND: Schema(BENCH_TOKENIZER, (1,), {"summary": dict}),
     KILL_RESUME_KIND: Schema(KILL_RESUME, (1,), {"trials": list, "all_identical": bool}),
 }

@@ -20,6 +20,7 @@ from plamo2_tools.report.inputs import (
     BENCH_KERNELS_KIND,
     BENCH_RUNTIME_KIND,
     SCHEMAS,
+    VLLM_FORWARD_KIND,
     classify,
     collect,
     load,
@@ -56,7 +57,8 @@ def test_every_writer_is_read_in_the_version_it_writes() -> None:
     assert len(set(WRITERS)) == len(WRITERS)
 
 
-@pytest.mark.parametrize(("script", "kind"), [("convert.py", BENCH_CONVERT_KIND), ("kernels.py", BENCH_KERNELS_KIND)])
+@pytest.mark.parametrize(("script", "kind"), [("convert.py", BENCH_CONVERT_KIND), ("kernels.py", BENCH_KERNELS_KIND),
+                                               ("plamo3_vllm_forward.py", VLLM_FORWARD_KIND)])  # fmt: skip
 def test_bench_scripts_write_the_kind_the_report_reads(script: str, kind: str) -> None:
     constants = module_constants(ROOT / "bench" / script)
     assert constants["KIND"] == kind
