@@ -119,19 +119,20 @@ def write_checkpoint(
         json.dumps({"bos_token_id": cfg.bos_token_id, "eos_token_id": cfg.eos_token_id}, indent=2) + "\n"
     )
     if tokenizer:
-        write_tokenizer(out, cfg.vocab_size)
+        write_tokenizer(out, cfg.vocab_size, plamo3=config.get("model_type") == "plamo3")
 
 
 TOKENIZER_FILES = ("tokenizer.jsonl", "tokenizer_config.json", "special_tokens_map.json")
 
 
-def write_tokenizer(out: Path, vocab_size: int, seed: int = 0) -> None:
+def write_tokenizer(out: Path, vocab_size: int, seed: int = 0, plamo3: bool = False) -> None:
     """A tokenizer in PLaMo's own format (tokenizer.jsonl: control tokens 0-6, the 256 byte
     tokens, pieces with scores learned from text), run natively by plamo2_tools.tokenizer, so the
-    whole pipeline exercises the format real checkpoints ship (docs/tokenizer.md)."""
+    whole pipeline exercises the format real checkpoints ship (docs/tokenizer.md); ``plamo3``
+    (a PLaMo 3 preset) makes it a Plamo3Tokenizer's."""
     if vocab_size < FIRST_PIECE_ID:
         raise UserError(f"vocab_size {vocab_size} is too small for a PLaMo tokenizer (needs >= {FIRST_PIECE_ID})")
-    write_synthetic_tokenizer(out, vocab_size, seed=seed)
+    write_synthetic_tokenizer(out, vocab_size, seed=seed, plamo3=plamo3)
 
 
 def synth(

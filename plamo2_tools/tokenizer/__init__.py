@@ -1,5 +1,5 @@
-"""PLaMo's own tokenizer, natively: ``tokenizer.jsonl`` read and run exactly as PLaMo does,
-without remote code or numba (docs/tokenizer.md).
+"""PLaMo's own tokenizer, natively: ``tokenizer.jsonl`` read and run exactly as PLaMo 2's and PLaMo 3's
+code does, without remote code or numba (docs/tokenizer.md).
 
 Names are imported on first use, so ``write_synthetic_tokenizer`` (used by synth) does not pull in
 transformers.
@@ -11,11 +11,13 @@ import importlib
 from typing import Any
 
 _HOMES = {
+    "Plamo3Cuts": ".plamo3",
     "PlamoEncoder": ".encoder",
     "PlamoTokenizerNative": ".hf",
     "has_plamo_vocab": ".loader",
     "load_native": ".loader",
     "load_tokenizer": ".loader",
+    "plamo_family_of": ".hf",
     "synthetic_rows": ".synthetic",
     "write_synthetic_tokenizer": ".synthetic",
 }

@@ -16,6 +16,12 @@ sit next to each other in no piece (no piece can cover such a boundary, so both 
 independently and exactly as the whole would); the parts are words and punctuation for usual
 vocabularies, and their ids come from a dictionary after the first time.  Short texts find their
 cuts with a set of the pairs, longer ones with numpy (_PairTable).
+
+PLaMo 3 (``plamo3=Plamo3Cuts(...)``, docs/tokenizer.md §9) is the same encoder on a rewritten text:
+U+EE00 around every ``<|plamo:…|>`` string and threshold run, U+EE00 a piece of its own whose id
+is dropped.  Where no other piece holds U+EE00 (real vocabularies have none), the splitting above
+cuts on both sides of it by itself.  PLaMo 3's array also ends where its last id was written, so
+the trailing zeros of docs/tokenizer.md §2 do not appear.
 """
 
 from __future__ import annotations
@@ -27,7 +33,8 @@ from typing import Any
 
 import numpy as np
 
-from .vocab import UNKNOWN_SCORE, VocabTables, build_tables, read_rows
+from .plamo3 import Plamo3Cuts
+from .vocab import BOUNDARY_TOKEN_ID, UNKNOWN_SCORE, VocabTables, build_tables, read_rows
 
 _HASH_A = np.uint32(0x9E3779B1)  # multiplicative hashing of a character pair (Knuth's constant)
 _HASH_B = np.uint32(0x85EBCA77)
@@ -62,8 +69,11 @@ class PlamoEncoder:
     max_transitions = 2_000_000  # memoised steps kept before the state graph is rebuilt
     short_text = 256  # up to this many characters, cuts are found character by character
 
-    def __init__(self, rows: Sequence[Sequence[Any]], where: str = "tokenizer.jsonl") -> None:
-        self.tables: VocabTables = build_tables(rows, where)
+    def __init__(
+        self, rows: Sequence[Sequence[Any]], where: str = "tokenizer.jsonl", plamo3: Plamo3Cuts | None = None
+    ) -> None:
+        self.plamo3 = plamo3  # None: PLaMo 2's encoder
+        self.tables: VocabTables = build_tables(rows, where, boundary=plamo3 is not None)
         self._cache: dict[str, tuple[int, ...]] = {}
         self._reset_states()
         # A piece scored exactly like PLaMo's sentinel changes how its suffix walk ends (see
@@ -73,8 +83,8 @@ class PlamoEncoder:
         self._pairs = {piece[k : k + 2] for piece in self.tables.candidates for k in range(len(piece) - 1)}
 
     @classmethod
-    def from_file(cls, path: str | Path) -> PlamoEncoder:
-        return cls(read_rows(path), str(path))
+    def from_file(cls, path: str | Path, plamo3: Plamo3Cuts | None = None) -> PlamoEncoder:
+        return cls(read_rows(path), str(path), plamo3)
 
     @property
     def rows(self) -> int:
@@ -85,6 +95,8 @@ class PlamoEncoder:
         """PLaMo's ids for ``text`` (what ``AhoCorasick.encode`` returns)."""
         if not text:
             return []
+        if self.plamo3 is not None:
+            text = self.plamo3.insert(text)
         codes = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)  # raises on lone surrogates, as PLaMo does
         if self._pair_table is None or len(codes) < 2:
             ids, filler = self._solve(text)
@@ -172,6 +184,8 @@ class PlamoEncoder:
                     # leaves the rest of its array zero at the end: reproduced, not endorsed.
                     filler += len(text[i].encode("utf-8")) - 1
             i -= neg_length
+        if self.plamo3 is not None:  # PLaMo 3 skips the boundary's id and returns only what it wrote
+            return [token for token in ids if token != BOUNDARY_TOKEN_ID], 0
         return ids, filler
 
     def _byte_ids_of(self, char: str) -> list[int]:

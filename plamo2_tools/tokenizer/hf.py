@@ -1,4 +1,4 @@
-"""``PlamoTokenizerNative``: PLaMo 2's tokenizer as a ``transformers`` tokenizer, no remote code, no numba.
+"""``PlamoTokenizerNative``: PLaMo's tokenizer as a ``transformers`` tokenizer, no remote code, no numba.
 
 It behaves like the checkpoint's own ``Plamo2Tokenizer`` (docs/tokenizer.md §5): the same
 constructor arguments and defaults (``add_bos_token``/``add_eos_token`` false unless the config
@@ -11,6 +11,11 @@ their ids so ``convert_tokens_to_ids`` need not look them up again.
 
 Ids from ``tokenizer.jsonl``'s row count up to the model's ``vocab_size`` (PLaMo 2: rows 100000,
 embedding 100032) have no row; they decode to nothing instead of failing.
+
+A directory whose ``tokenizer_config.json`` names ``Plamo3Tokenizer`` (or, naming no PLaMo class,
+whose ``config.json`` has model_type ``plamo3``) gets PLaMo 3's behaviour instead: the same
+constructor plus the two ``break_around_*_threshold`` arguments, and PLaMo 3's cuts in the encoder
+(docs/tokenizer.md §9), applied to each piece of text ``transformers`` leaves between added tokens.
 """
 
 from __future__ import annotations
@@ -25,9 +30,12 @@ from typing import Any
 from transformers import PreTrainedTokenizer
 
 from .encoder import PlamoEncoder
+from .plamo3 import Plamo3Cuts
 from .vocab import read_rows
 
 VOCAB_FILES_NAMES = {"vocab_file": "tokenizer.jsonl"}
+FAMILIES = {"Plamo2Tokenizer": "plamo2", "Plamo3Tokenizer": "plamo3"}  # PLaMo's class -> our family name
+THRESHOLDS = ("break_around_consecutive_spaces_threshold", "break_around_repeated_chars_threshold")
 
 
 class _Pieces(list):  # type: ignore[type-arg]
@@ -37,7 +45,9 @@ class _Pieces(list):  # type: ignore[type-arg]
 
 
 class PlamoTokenizerNative(PreTrainedTokenizer):
-    """PLaMo's tokenizer.jsonl with the exact ids of ``tokenization_plamo.Plamo2Tokenizer``."""
+    """PLaMo's tokenizer.jsonl with the exact ids of ``tokenization_plamo.Plamo2Tokenizer``, or of its
+    ``Plamo3Tokenizer`` when ``plamo_family`` is "plamo3" (None: found from the vocabulary file's
+    directory, see plamo_family_of)."""
 
     vocab_files_names = VOCAB_FILES_NAMES
     model_input_names = ["input_ids", "attention_mask"]
@@ -53,13 +63,26 @@ class PlamoTokenizerNative(PreTrainedTokenizer):
         sep_token: str | None = None,
         mask_token: str | None = None,
         clean_up_tokenization_spaces: bool = False,
+        plamo_family: str | None = None,
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("add_bos_token", False)
         kwargs.setdefault("add_eos_token", False)
         self.vocab_file = str(vocab_file)
+        self.plamo_family = plamo_family or plamo_family_of(Path(vocab_file).parent)
+        self._plamo3: Plamo3Cuts | None = None
+        if self.plamo_family == "plamo3":
+            for key in THRESHOLDS:  # Plamo3Tokenizer keeps both and hands them on (None when unset)
+                kwargs.setdefault(key, None)
+                setattr(self, key, kwargs[key])
+            self._plamo3 = Plamo3Cuts(
+                repeated_chars_threshold=kwargs["break_around_repeated_chars_threshold"],
+                consecutive_spaces_threshold=kwargs["break_around_consecutive_spaces_threshold"],
+            )
+        elif self.plamo_family != "plamo2":
+            raise ValueError(f"plamo_family must be 'plamo2' or 'plamo3', not {self.plamo_family!r}")
         self.data: list[Any] = read_rows(vocab_file)
-        self.encoder = PlamoEncoder(self.data, self.vocab_file)
+        self.encoder = PlamoEncoder(self.data, self.vocab_file, self._plamo3)
         self.vocab: dict[str, int] = {row[0]: i for i, row in enumerate(self.data)}
         self._piece_of: list[str] = [row[0] for row in self.data]
         self.add_bos_token = bool(kwargs["add_bos_token"])
@@ -235,7 +258,7 @@ class PlamoTokenizerNative(PreTrainedTokenizer):
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__ = state
-        self.encoder = PlamoEncoder(self.data, self.vocab_file)
+        self.encoder = PlamoEncoder(self.data, self.vocab_file, self._plamo3)
 
 
 def _token_bytes(token: str) -> bytes | None:
@@ -257,3 +280,27 @@ def model_vocab_size_of(directory: str | Path) -> int | None:
     except (OSError, ValueError, AttributeError):
         return None
     return size if isinstance(size, int) else None
+
+
+def plamo_family_of(directory: str | Path) -> str:
+    """The family, "plamo3" or "plamo2": the PLaMo class that tokenizer_config.json names (auto_map's
+    AutoTokenizer entry, which is what remote code would load, else tokenizer_class); naming
+    neither, "plamo3" when config.json's model_type is plamo3."""
+    directory = Path(directory)
+    config = _json_object(directory / "tokenizer_config.json")
+    auto = config.get("auto_map")
+    ref = auto.get("AutoTokenizer") if isinstance(auto, dict) else None
+    if isinstance(ref, (list, tuple)):
+        ref = next((r for r in ref if r), None)
+    for name in (ref, config.get("tokenizer_class")):
+        if isinstance(name, str) and name.rsplit(".", 1)[-1] in FAMILIES:
+            return FAMILIES[name.rsplit(".", 1)[-1]]
+    return "plamo3" if _json_object(directory / "config.json").get("model_type") == "plamo3" else "plamo2"
+
+
+def _json_object(path: Path) -> dict[str, Any]:
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}

@@ -1,8 +1,8 @@
 """Which tokenizer a checkpoint or shard directory gets (docs/tokenizer.md §5).
 
-A directory with PLaMo's ``tokenizer.jsonl`` gets the native tokenizer unless the user asks for
-the checkpoint's own code with ``trust_remote_code``; anything else goes to
-``transformers.AutoTokenizer`` as before.
+A directory with PLaMo's ``tokenizer.jsonl`` gets the native tokenizer (PLaMo 2's or PLaMo 3's, as
+``hf.plamo_family_of`` reads the directory) unless the user asks for the checkpoint's own code with
+``trust_remote_code``; anything else goes to ``transformers.AutoTokenizer`` as before.
 """
 
 from __future__ import annotations

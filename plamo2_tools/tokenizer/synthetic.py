@@ -12,7 +12,8 @@ scored below every learned piece, so the 100k-row size of a real PLaMo 2 vocabul
 reached for benchmarks.
 
 ``tokenizer_config.json`` and ``special_tokens_map.json`` carry the keys real checkpoints have;
-BOS, EOS and pad are ids 1, 2 and 3 as in PLaMo 2.
+BOS, EOS and pad are ids 1, 2 and 3 as in PLaMo 2.  With ``plamo3`` the config names
+``Plamo3Tokenizer`` and sets its two thresholds (PLAMO3_THRESHOLDS); the rows are the same.
 """
 
 from __future__ import annotations
@@ -38,6 +39,9 @@ CONTROL_TOKENS = (
     "<|plamo:reserved:0x06|>",
 )
 PLAMO2_ROWS = 100_000  # rows of the real PLaMo 2 tokenizer.jsonl (configs say 100000 or 100032)
+# PLaMo 3's optional cuts (docs/tokenizer.md §9).  These values are ours: the real checkpoints'
+# tokenizer_config.json is not public, so what PFN sets (if anything) is not known here.
+PLAMO3_THRESHOLDS = {"break_around_repeated_chars_threshold": 16, "break_around_consecutive_spaces_threshold": 8}
 FIRST_PIECE_ID = len(CONTROL_TOKENS) + 256
 MAX_PIECE_CHARS = 10
 
@@ -51,11 +55,12 @@ def write_synthetic_tokenizer(
     seed: int = 0,
     rows: int | None = None,
     add_bos_token: bool = True,
+    plamo3: bool = False,
 ) -> Path:
     """Write tokenizer.jsonl, tokenizer_config.json and special_tokens_map.json into ``directory``.
 
     ``rows`` defaults to min(vocab_size, 100000): like PLaMo 2, a config vocab_size above the
-    tokenizer's row count leaves ids without a row.
+    tokenizer's row count leaves ids without a row.  ``plamo3``: a PLaMo 3 tokenizer config.
     """
     directory = Path(directory)
     table = synthetic_rows(vocab_size, seed=seed, rows=rows)
@@ -63,7 +68,7 @@ def write_synthetic_tokenizer(
     with (directory / "tokenizer.jsonl").open("w", encoding="utf-8") as f:
         for row in table:
             f.write(json.dumps(row, ensure_ascii=False) + "\n")
-    config = tokenizer_config(add_bos_token)
+    config = tokenizer_config(add_bos_token, plamo3)
     (directory / "tokenizer_config.json").write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
     (directory / "special_tokens_map.json").write_text(json.dumps(special_tokens_map(), indent=2) + "\n")
     return directory
@@ -83,8 +88,9 @@ def synthetic_rows(vocab_size: int, seed: int = 0, rows: int | None = None) -> l
     return table
 
 
-def tokenizer_config(add_bos_token: bool = True) -> dict[str, Any]:
-    """tokenizer_config.json as PLaMo 2 checkpoints ship it (transformers' layout for Plamo2Tokenizer)."""
+def tokenizer_config(add_bos_token: bool = True, plamo3: bool = False) -> dict[str, Any]:
+    """tokenizer_config.json as PLaMo 2 checkpoints ship it (transformers' layout for Plamo2Tokenizer),
+    or with ``plamo3`` for Plamo3Tokenizer with our PLAMO3_THRESHOLDS."""
     added = {
         str(i): {
             "content": CONTROL_TOKENS[i],
@@ -96,11 +102,12 @@ def tokenizer_config(add_bos_token: bool = True) -> dict[str, Any]:
         }
         for i in range(4)
     }
-    return {
+    name = "Plamo3Tokenizer" if plamo3 else "Plamo2Tokenizer"
+    config = {
         "add_bos_token": add_bos_token,
         "add_eos_token": False,
         "added_tokens_decoder": added,
-        "auto_map": {"AutoTokenizer": ["tokenization_plamo.Plamo2Tokenizer", None]},
+        "auto_map": {"AutoTokenizer": [f"tokenization_plamo.{name}", None]},
         "bos_token": CONTROL_TOKENS[1],
         "clean_up_tokenization_spaces": False,
         "cls_token": None,
@@ -111,9 +118,10 @@ def tokenizer_config(add_bos_token: bool = True) -> dict[str, Any]:
         "model_max_length": 1000000000000000019884624838656,
         "pad_token": CONTROL_TOKENS[3],
         "sep_token": None,
-        "tokenizer_class": "Plamo2Tokenizer",
+        "tokenizer_class": name,
         "unk_token": CONTROL_TOKENS[0],
     }
+    return {**config, **PLAMO3_THRESHOLDS} if plamo3 else config
 
 
 def special_tokens_map() -> dict[str, Any]:

@@ -23,6 +23,10 @@ from ..errors import UserError, os_error
 # no piece covers costs -UNKNOWN_SCORE and becomes its UTF-8 byte tokens.
 INVALID_SCORE = -20_000_000
 UNKNOWN_SCORE = -10_000_000
+# PLaMo 3's boundary (docs/tokenizer.md §9): Plamo3Tokenizer adds this character as one more piece
+# (score 0) after the file's rows, under an id no row has, and never emits that id.
+BOUNDARY_CHAR = "\uee00"
+BOUNDARY_TOKEN_ID = 10_000_000
 _INT32 = 2**31
 
 TYPES = ("NORMAL", "CONTROL", "UNKNOWN", "BYTE")
@@ -71,8 +75,12 @@ def integer_score(score: float) -> int:
     return value
 
 
-def build_tables(rows: Sequence[Sequence[Any]], where: str = "tokenizer.jsonl") -> VocabTables:
-    """Validate the rows and build the piece/score tables (the same choices as PLaMo's loader)."""
+def build_tables(rows: Sequence[Sequence[Any]], where: str = "tokenizer.jsonl", boundary: bool = False) -> VocabTables:
+    """Validate the rows and build the piece/score tables (the same choices as PLaMo's loader).
+
+    ``boundary`` (PLaMo 3): BOUNDARY_CHAR becomes a piece scoring 0 with id BOUNDARY_TOKEN_ID, as if
+    a row ``[BOUNDARY_CHAR, 0, "CONTROL"]`` came after the last one (it replaces a row of that piece).
+    """
     pieces: list[str] = []
     kinds: list[str] = []
     byte_ids = [0] * 256
@@ -89,6 +97,9 @@ def build_tables(rows: Sequence[Sequence[Any]], where: str = "tokenizer.jsonl") 
         if piece == "":
             raise UserError(f"{where}: row {token_id} has an empty piece (PLaMo's loader refuses it)")
         score_of[piece] = score
+    if boundary:
+        token_to_id[BOUNDARY_CHAR] = BOUNDARY_TOKEN_ID
+        score_of[BOUNDARY_CHAR] = 0.0
     missing = [f"<0x{b:02X}>" for b in range(256) if byte_ids[b] == 0]
     if missing:
         raise UserError(f"{where}: no BYTE row (other than id 0) for {', '.join(missing[:4])}"
