@@ -33,25 +33,35 @@ from plamo2_tools.verify import runtime_outputs
 from plamo2_tools.runtime.process.launch import save_result
 
 shards, prompts, steps, out = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[4])
-with Runtime(shards, device="cpu", backend="triton", mode="local") as rt:
+options = json.loads(sys.argv[5])
+with Runtime(shards, device="cpu", backend="triton", mode="local", forward_options=options) as rt:
     save_result({"kernels": rt.kernels, **runtime_outputs(rt, prompts, steps)}, out)
 """
 
 
+# PLaMo 2 (Mamba + attention, window 12) and PLaMo 3 with YaRN (window 4, per-layer RoPE tables,
+# shared q/k norms in the fused kernel) in the vLLM window convention.
+CASES = {"tiny": ({}, 12), "tiny3-yarn": ({"window_convention": "vllm"}, 4)}
+
+
 @pytest.mark.slow
-def test_triton_runtime_on_cpu_matches_the_reference(tmp_path: Path, shards, checkpoint) -> None:
-    # one prompt longer than tiny's attention window (12), one short: the window, ragged packing
-    prompts = random_prompts(2, preset_config("tiny").vocab_size, seed=7, lengths=(5, 20))
-    assert max(map(len, prompts)) > 12
+@pytest.mark.parametrize("preset", list(CASES))
+def test_triton_runtime_on_cpu_matches_the_reference(tmp_path: Path, shards, checkpoint, preset: str) -> None:
+    options, window = CASES[preset]
+    # one prompt longer than the attention window, one short: the window, ragged packing
+    prompts = random_prompts(2, preset_config(preset).vocab_size, seed=7, lengths=(3, 20))
+    assert max(map(len, prompts)) > window
     out = tmp_path / "outputs"
     env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(
-        [sys.executable, "-c", CHILD, str(shards("tiny", 1, 1, seed=11)), json.dumps(prompts), str(STEPS), str(out)],
+        [sys.executable, "-c", CHILD, str(shards(preset, 1, 1, seed=11)), json.dumps(prompts), str(STEPS), str(out),
+         json.dumps(options)],
         env=env, capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = load_result(out)
     assert got.pop("kernels") == "triton"
-    metrics = compare(reference_outputs(checkpoint("tiny", seed=11), prompts, STEPS, torch.float64), got)
+    ref = reference_outputs(checkpoint(preset, seed=11), prompts, STEPS, torch.float64, forward_options=options)
+    metrics = compare(ref, got)
     assert judge(metrics, THRESHOLDS["float32"]) == [], metrics
     assert metrics["max_rel_err"] < 1e-4 and metrics["greedy_match_tokens"] == [STEPS] * len(prompts)
