@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Compatibility check against vLLM itself (issue 9): build vLLM 0.26.0's Plamo2ForCausalLM on CPU per TP
-# rank and compare what its HF loader and its ShardedStateLoader put into the model (bench/vllm_compat.py).
+# Compatibility check against vLLM itself (issue 9): build vLLM 0.26.0's model class (Plamo2ForCausalLM or
+# Plamo3ForCausalLM, as the checkpoint's config names it) on CPU per TP rank and compare what its HF loader and its
+# ShardedStateLoader put into the model (bench/vllm_compat.py).
 #
-#   bench/vllm_compat.sh [--venv DIR] [--install-only] [HARNESS ARGS...]
+#   bench/vllm_compat.sh [--venv DIR] [--install-only] [HARNESS ARGS...]   (e.g. --presets plamo3 --dtype bfloat16)
 #
 # vLLM lives in its own venv OUTSIDE the repo (it pins its own torch, ~8 GB): $PLAMO2_VLLM_VENV, else
 # ~/.cache/plamo2-tools/vllm-0.26.0. Created on first use, reused afterwards (a stamp file written only
@@ -22,7 +23,7 @@ while [[ $# -gt 0 ]]; do
     --venv) VENV=$2; shift 2 ;;
     --venv=*) VENV=${1#--venv=}; shift ;;
     --install-only) INSTALL_ONLY=1; shift ;;
-    -h | --help) sed -n 2,11p "$0"; exit 0 ;;
+    -h | --help) sed -n 2,12p "$0"; exit 0 ;;
     *) ARGS+=("$1"); shift ;;
     esac
 done
