@@ -176,6 +176,10 @@ class TensorKind:
     transforms: Transforms = no_transforms
     init: str = "linear"  # synth's initialiser (model/synth.py)
     dtype: torch.dtype | None = None  # forced output dtype (None: the source's or the user's)
+    # A dtype cast (--dtype) happens before the value transforms instead of after them: the
+    # consumer's loader copies the weight into its parameter first and folds the offset there
+    # (vLLM's PLaMo 3), so the shard must round twice exactly as it does.
+    cast_first: bool = False
 
 
 def offset(value: float) -> Transforms:
@@ -324,7 +328,8 @@ def output_tensor(
     dtype = kind.dtype or out_dtype or source_dtypes[source]
     chain = list(kind.transforms(cfg))
     if kind.dtype is None and dtype != source_dtypes[source]:
-        chain.append(Transform("cast", dtype_name(dtype)))
+        cast = Transform("cast", dtype_name(dtype))
+        chain = [cast, *chain] if kind.cast_first else [*chain, cast]
     return OutputTensor(key, source, _out_shape(kind.shape(cfg), pieces), dtype, pieces, tuple(chain))
 
 
@@ -370,9 +375,13 @@ def rank_tensors(
 
 # ---- values ---------------------------------------------------------------------------------------
 def apply_transforms(x: torch.Tensor, transforms: tuple[Transform, ...], dtype: torch.dtype) -> torch.Tensor:
-    """Source values -> output values, element-wise, computed in float32 and rounded once."""
+    """Source values -> output values, element-wise, in the chain's order: arithmetic in float32, a
+    `cast` rounds where it stands (last, unless the row casts first), and the result is rounded to
+    the output dtype once more at the end (a no-op after a final cast)."""
     for t in transforms:
-        if t.name == "fill":
+        if t.name == "cast":
+            x = x.to(getattr(torch, str(t.arg)))
+        elif t.name == "fill":
             x = torch.full(x.shape, float(t.arg))  # type: ignore[arg-type]
         elif t.name == "neg_exp_f32":
             x = -torch.exp(x.float())

@@ -100,13 +100,19 @@ def test_every_rank_holds_what_vllm_holds(shards, checkpoint, preset: str, tp: i
                                      f"expected {mark.decode(float(w[tuple(where)]))}")  # fmt: skip
 
 
-def test_bf16_shards_fold_offsets_in_float32_then_round(shards, checkpoint) -> None:
+def test_bf16_shards_fold_offsets_in_the_shard_dtype(shards, checkpoint) -> None:
+    """vLLM's Plamo3 loader copies a norm weight into its bf16 parameter, then adds the offset there
+    (float32 arithmetic on CUDA, rounded again): two roundings, which the shards must repeat."""
     out = shards("tiny3", 2, 1, dtype="bfloat16")
-    hf = load_hf(checkpoint("tiny3"))
+    hf = load_hf(checkpoint("tiny3"))  # float32
     rank = load_rank(out, 1)
-    key = "model.layers.layers.0.post_mlp_norm.weight"
-    assert rank[key].dtype == torch.bfloat16
-    assert torch.equal(rank[key], (hf[key].float() + 1 / 5**1.5).to(torch.bfloat16))
+    for name, off in (("model.layers.layers.0.post_mlp_norm.weight", 1 / 5**1.5),
+                      ("model.layers.layers.1.mixer.q_norm.weight", 1.0), ("model.norm.weight", 1.0)):  # fmt: skip
+        got = rank[name]
+        assert got.dtype == torch.bfloat16
+        assert torch.equal(got, (hf[name].to(torch.bfloat16).float() + off).to(torch.bfloat16)), name
+    post_mlp = "model.layers.layers.0.post_mlp_norm.weight"
+    assert not torch.equal(rank[post_mlp], (hf[post_mlp].float() + 1 / 5**1.5).to(torch.bfloat16)), "cannot tell"
     assert rank["model.layers.layers.0.mixer.attn._q_scale"].dtype == torch.float32
 
 

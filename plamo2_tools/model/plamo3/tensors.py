@@ -1,5 +1,11 @@
 """PLaMo 3's tensors in one table (docs/plamo3.md, "Tensors"), and its TP rules.
 
+Norm offsets are folded in the shard dtype: vLLM's Plamo3 loader copies a norm weight into its
+parameter and adds the offset there (`composed_weight_loader(default_weight_loader, x + offset)`),
+so with --dtype the weight is cast first and the offset added after (in float32 arithmetic, as
+torch on CUDA does for a bf16 tensor plus a Python float, rounded once more); PLaMo 2's loader adds
+the offset before the copy (model/plamo2/tensors.py).
+
 Every layer is attention + SwiGLU MLP with PLaMo 2's four norms; q/k norms are one [head_dim]
 vector shared by every head (+1 folded in), replicated on every TP rank.  vLLM 0.26's
 `Plamo3ForCausalLM` holds exactly these per rank (its loader: qkv split by head with KV heads
@@ -74,7 +80,7 @@ def _norm(name: str) -> TensorKind:
         return (c.hidden_size,)
 
     return TensorKind(f"{name}.weight", f"{name}.weight", EVERY_LAYER, shape, REPLICATED, replicated_rule(shape),
-                      offset(NORM_OFFSETS[name]), init="norm_delta")  # fmt: skip
+                      offset(NORM_OFFSETS[name]), init="norm_delta", cast_first=True)  # fmt: skip
 
 
 def _qk_norm(name: str) -> TensorKind:
@@ -82,7 +88,7 @@ def _qk_norm(name: str) -> TensorKind:
         return (c.head_dim,)
 
     return TensorKind(name, name, EVERY_LAYER, shape, REPLICATED, replicated_rule(shape), offset(QK_NORM_OFFSET),
-                      init="norm_delta")  # fmt: skip
+                      init="norm_delta", cast_first=True)  # fmt: skip
 
 
 def _qd(c: Plamo3Config) -> int:
@@ -107,7 +113,7 @@ TENSORS: tuple[TensorKind, ...] = (
                lambda c: (c.hidden_size, c.intermediate_size), ROW, cols_rule(lambda c: c.intermediate_size)),
     TensorKind("model.norm.weight", "model.norm.weight", GLOBAL,
                lambda c: (c.hidden_size,), REPLICATED, replicated_rule(lambda c: (c.hidden_size,)),
-               offset(FINAL_NORM_OFFSET), init="norm_delta"),
+               offset(FINAL_NORM_OFFSET), init="norm_delta", cast_first=True),
     TensorKind("lm_head.weight", "lm_head.weight", GLOBAL, _head_shape, VOCAB, _head, _pad_head, init="embedding"),
 )
 # fmt: on
