@@ -37,9 +37,9 @@ def loads(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
     seen: list[tuple[int, int]] = []
     original = generation.GenerationLoop._load
 
-    def spy(self, group):  # type: ignore[no-untyped-def]
-        seen.append((len(self.sched.active()), len(group.reqs)))
-        return original(self, group)
+    def spy(self, group, rows):  # type: ignore[no-untyped-def]
+        seen.append((len(self.sched.active()), len(rows)))
+        return original(self, group, rows)
 
     monkeypatch.setattr(generation.GenerationLoop, "_load", spy)
     return seen

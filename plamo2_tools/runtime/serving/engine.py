@@ -9,15 +9,17 @@ tokens, so all ranks walk the same loop in lock-step and any rank can return the
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from collections.abc import Callable, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from ...errors import UserError
 from ...kernels import get_ops
@@ -29,17 +31,36 @@ from ...shards.manifest import Manifest, load_manifest
 from ..rank.comm import DistComm, LocalComm, LocalWorld, init_distributed, shutdown_distributed
 from ..rank.weights import load_rank_weights
 from .core import RankCore
-from .generation import GenerateOptions, GenerationLoop, make_requests
+from .generation import GenerateOptions, GenerationLoop, Intake, LoopStats, OnUpdates, make_requests
 from .graphs import DecodeRunner
+from .memory import BatchPlan, device_budget, plan_batch, rank_bytes
+from .sampling import MODES, mode_of
+from .scheduler import Scheduler, Update
 
+log = logging.getLogger(__name__)
 Tensor = torch.Tensor
 StopFn = Callable[[int, list[int]], bool]
+BatchSize = int | str | None  # a number of decode slots, "auto" (as memory allows) or None (every prompt)
 
 
 @dataclass
 class Generation:
     tokens: list[list[int]]  # new tokens per sequence (EOS included when it stopped there)
     logits: list[Tensor] | None = None  # per sequence (steps, V) float32, when asked for
+    finish_reasons: list[str] = field(default_factory=list)  # "stop" (EOS id or stop callback) or "length"
+    slots: int = 0  # decode slots the call ran with
+
+
+@dataclass
+class TokenScores:
+    """Per scored position p >= start of one sequence: log p(seq[p] | seq[:p]), whether seq[p] is the
+    argmax, and the top-k alternatives (ids, log-probabilities, most likely first), all from the
+    same float32 log-softmax."""
+
+    logprobs: Tensor  # (n,) float64
+    greedy: Tensor  # (n,) bool
+    top_ids: Tensor  # (n, k) int64
+    top_logprobs: Tensor  # (n, k) float64
 
 
 class RankEngine(RankCore):
@@ -66,6 +87,13 @@ class RankEngine(RankCore):
         )  # fmt: skip
         super().__init__(model, cfg, comm, device, ops, prefill_chunk, cuda_graph, prefill_tokens)
         self.decode_runner: DecodeRunner | None = None
+        self.stats = LoopStats()  # summed over every generation loop of this rank
+        self.last_plan: BatchPlan | None = None  # the last max_batch="auto" decision
+        self.serving_stats = LoopStats()  # the current (or last) online loop's
+        # Host-side agreement between torchrun ranks (online arrivals, batch sizes): a gloo group,
+        # so that it never waits behind the device's queue (new_group is collective: every rank
+        # builds its engine at the same point).
+        self.control = dist.new_group(backend="gloo") if isinstance(comm, DistComm) and info.world_size > 1 else None
 
     def _prefill(self, seqs: Sequence[Sequence[int]], states: dict[int, LayerState], all_logits: bool) -> Tensor | None:
         """Run the prompts in chunks of at most `prefill_chunk` tokens per sequence.
@@ -129,9 +157,15 @@ class RankEngine(RankCore):
 
         Computed on the last stage so that only two numbers per token cross ranks.
         """
+        return [(t.logprobs, t.greedy) for t in self.token_scores(seqs, starts, 0)]
+
+    @torch.no_grad()
+    def token_scores(self, seqs: Sequence[Sequence[int]], starts: Sequence[int], top_k: int) -> list[TokenScores]:
+        """`score` plus the top_k most likely tokens at every scored position (prompt logprobs)."""
         states = self.new_states(len(seqs), max(len(s) for s in seqs))
         logits = self._prefill(seqs, states, all_logits=True)
         total = sum(len(s) - st for s, st in zip(seqs, starts, strict=True))
+        k = max(0, min(int(top_k), self.cfg.vocab_size))
         result = None
         if logits is not None:
             rows, targets, offset = [], [], 0
@@ -143,12 +177,16 @@ class RankEngine(RankCore):
             tgt = torch.tensor(targets, dtype=torch.long, device=logits.device)
             logprob = sel.gather(-1, tgt[:, None])[:, 0].double()
             greedy = (sel.argmax(-1) == tgt).double()
-            result = torch.stack([logprob, greedy], dim=1)
-        shared = self.share(result, (total, 2), torch.float64).cpu()
+            parts = [logprob[:, None], greedy[:, None]]
+            if k:
+                top = sel.topk(k, dim=-1)
+                parts += [top.indices.double(), top.values.double()]
+            result = torch.cat(parts, dim=1)
+        shared = self.share(result, (total, 2 + 2 * k), torch.float64).cpu()
         out, offset = [], 0
         for s, st in zip(seqs, starts, strict=True):
             part = shared[offset : offset + len(s) - st]
-            out.append((part[:, 0], part[:, 1].bool()))
+            out.append(TokenScores(part[:, 0], part[:, 1].bool(), part[:, 2 : 2 + k].long(), part[:, 2 + k :]))
             offset += len(s) - st
         return out
 
@@ -164,39 +202,105 @@ class RankEngine(RankCore):
         stop: StopFn | None = None,
         return_logits: bool = False,
         on_token: Callable[[int, int], None] | None = None,
-        max_batch: int | None = None,
+        max_batch: BatchSize = None,
         request_keys: Sequence[int] | None = None,
         sync_every: int = 8,
+        on_finish: Callable[[int], None] | None = None,
+        on_updates: OnUpdates | None = None,
+        memory_budget: int | None = None,
     ) -> Generation:
-        """Greedy (temperature 0) or sampled continuation of every prompt (see `generation`).
+        """Greedy (temperature 0) or sampled continuation of every prompt (see `generation`): the
+        requests are handed to the continuous-batching loop at once and it runs until all finish.
 
         `max_new_tokens` is one limit or one per prompt.  At most `max_batch` sequences decode at
-        once (default: all); a finished one's slot is refilled with the next prompt.  `stop(i,
-        tokens)` ends sequence i early (e.g. on a stop string); EOS ids end it too (the EOS token is
-        kept).  Sampling draws from a stream keyed on (seed, request_keys[i]) (default: i), so a
-        request samples the same tokens in any batch.  Tokens are looked at every `sync_every`
-        decode steps, not after each one.
+        once (None: all; "auto": as many as the device's memory holds, see `memory`); a finished
+        one's slot is refilled with a waiting prompt.  `stop(i, tokens)` ends sequence i early (e.g.
+        on a stop string); EOS ids end it too (the EOS token is kept).  Sampling draws from a stream
+        keyed on (seed, request_keys[i]) (default: i), so a request samples the same tokens in any
+        batch.  Tokens are looked at every `sync_every` decode steps, not after each one; then
+        `on_token(i, token)` is called per new token, `on_finish(i)` per finished request and
+        `on_updates(updates)` once per look with everything that changed (rank 0 only).
         """
         S = len(prompts)
         limits = [int(max_new_tokens)] * S if isinstance(max_new_tokens, int) else [int(m) for m in max_new_tokens]
         if len(limits) != S:
             raise ValueError("generate: one max_new_tokens per prompt")
-        requests = make_requests(prompts, limits, seed, request_keys)
+        requests = make_requests(prompts, limits, seed, request_keys, temperature, top_p, stop)
         live = [r for r in requests if r.max_new > 0]
+        slots = 0
+        main = self.comm.info.rank == 0  # callbacks once, not once per thread rank
+        if main and on_finish is not None:
+            for r in requests:
+                if r.max_new <= 0:
+                    on_finish(r.index)
         if live:
-            slots = max(1, min(max_batch or len(live), len(live)))
             capacity = max(len(r.prompt) + r.max_new for r in live)
+            if max_batch == "auto":
+                max_batch = self.auto_batch(capacity, memory_budget).slots
+            elif isinstance(max_batch, str):
+                raise ValueError(f"max_batch must be a number, 'auto' or None, not {max_batch!r}")
+            slots = max(1, min(int(max_batch or len(live)), len(live)))
             runner = self._runner(slots, capacity)
-            sampling = (float(temperature), float(top_p)) if temperature > 0 else (0.0, 1.0)
-            runner.prepare(sampling, slots)
-            options = GenerateOptions(max_batch, max(1, sync_every), return_logits)
-            callback = on_token if self.comm.info.rank == 0 else None  # once, not once per thread rank
-            GenerationLoop(self, runner, requests, sampling, eos_token_ids, stop, callback, options, slots).run()
+            runner.prepare(sorted({mode_of(r.temperature, r.top_p) for r in live}, key=MODES.index), slots)
+            sched = Scheduler(live, slots, eos_token_ids, stop, on_token if main else None)
+            options = GenerateOptions(slots, max(1, sync_every), return_logits)
+
+            def report(updates: list[Update]) -> None:
+                if on_updates is not None:
+                    on_updates(updates)
+                if on_finish is not None:
+                    for u in updates:
+                        if u.finished:
+                            on_finish(u.index)
+
+            stats = LoopStats()
+            callback = report if main and (on_updates is not None or on_finish is not None) else None
+            GenerationLoop(self, runner, sched, options, on_updates=callback, stats=stats).run()
+            self.stats.merge(stats)
         V = self.cfg.vocab_size
         logits = None
         if return_logits:
             logits = [torch.stack(r.logits) if r.logits else torch.empty(0, V) for r in requests]
-        return Generation([r.tokens for r in requests], logits)
+        reasons = [r.finish_reason or "length" for r in requests]
+        return Generation([r.tokens for r in requests], logits, reasons, slots)
+
+    def serve(self, intake_for: Callable[[RankEngine], Intake], slots: int, capacity: int, eos_token_ids: Sequence[int],
+              sync_every: int, on_updates: OnUpdates | None) -> None:  # fmt: skip
+        """The online loop on this rank: requests arrive through the intake (see `online`) until it
+        says stop.  Every sampling mode's graphs are captured first, so any mix of requests decodes
+        from graphs."""
+        runner = self._runner(slots, capacity)
+        runner.prepare(MODES, slots)
+        sched = Scheduler([], slots, eos_token_ids, None, keep_finished=False)
+        options = GenerateOptions(slots, max(1, sync_every))
+        main = self.comm.info.rank == 0
+        self.serving_stats = LoopStats()
+        loop = GenerationLoop(self, runner, sched, options, intake_for(self), on_updates if main else None,
+                              self.serving_stats)  # fmt: skip
+        try:
+            loop.run()
+        finally:
+            self.stats.merge(self.serving_stats)
+
+    def bytes_per_rank(self, capacity: int) -> tuple[int, int]:
+        """(bytes per decode slot, bytes held once) of this rank's generation at this capacity."""
+        return rank_bytes(self, capacity)
+
+    def auto_batch(self, capacity: int, budget: int | None = None) -> BatchPlan:
+        """How many decode slots of `capacity` tokens this rank's device holds (`memory.plan_batch`);
+        on torchrun ranks the smallest over all ranks, so that every rank runs the same pool."""
+        per_slot, once = self.bytes_per_rank(capacity)
+        if budget is None:
+            budget = device_budget(self.device, self.decode_runner)
+        plan = plan_batch(per_slot, once, budget, capacity)
+        if self.control is not None:
+            t = torch.tensor([plan.slots], dtype=torch.long)
+            dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.control)
+            plan = plan.limited(int(t.item()))
+        if self.comm.info.rank == 0 and self.control is not None:
+            log.info("%s", plan.describe())
+        self.last_plan = plan
+        return plan
 
     def _runner(self, slots: int, capacity: int) -> DecodeRunner:
         """The decode slot pool (and its graphs), kept between calls while it is big enough."""
@@ -222,14 +326,19 @@ class Runtime:
         prefill_tokens: int | None = None,
         verify_files: bool = True,
         forward_options: dict[str, Any] | None = None,
+        memory_budget: int | None = None,
     ) -> None:
         """`cuda_graph=False` keeps decode eager on CUDA (the CPU is always eager);
         `prefill_tokens` caps the prompt tokens of one prefill forward in generate (default 32768
         on CUDA, unlimited on the CPU); `verify_files=False` skips the digests of the shard files
         (their headers are checked against the manifest regardless); `forward_options` are the
         family's choices for its forward (`Family.runtime_options`, e.g. PLaMo 3's window
-        convention)."""
+        convention); `memory_budget` (bytes) replaces the device's free memory in
+        `max_batch="auto"` (see `memory`)."""
         self.manifest = load_manifest(shards)
+        self.memory_budget = memory_budget
+        self.batch_plan: BatchPlan | None = None  # the last "auto" decision
+        self.online: Any = None  # an `online.OnlineLoop` while one runs (it routes calls through itself)
         self.forward_options = family_of(self.manifest.config).check_runtime_options(forward_options or {})
         self.trust_remote_code = trust_remote_code
         self.config = self.manifest.config
@@ -322,17 +431,66 @@ class Runtime:
 
     def prompt_logits(self, seqs: Sequence[Sequence[int]]) -> list[Tensor]:
         self._check(seqs)
+        self._not_online("prompt_logits")
         return self._spmd("prompt_logits", seqs)
 
     def score(self, seqs: Sequence[Sequence[int]], starts: Sequence[int]) -> list[tuple[Tensor, Tensor]]:
+        return [(t.logprobs, t.greedy) for t in self.token_scores(seqs, starts)]
+
+    def token_scores(self, seqs: Sequence[Sequence[int]], starts: Sequence[int], top_k: int = 0) -> list[TokenScores]:
+        """Log-probabilities of seq[p] for p >= start, whether each is the argmax, and the top_k
+        alternatives (while an online loop runs, computed inside it, between two of its steps)."""
         self._check(seqs)
         if any(not 1 <= st <= len(s) for s, st in zip(seqs, starts, strict=True)):
             raise ValueError("score: each start must be in [1, len(sequence)]")
-        return self._spmd("score", seqs, starts)
+        if self.online is not None:
+            return self.online.token_scores(seqs, starts, top_k)
+        return self._spmd("token_scores", seqs, starts, top_k)
 
-    def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, **kwargs: Any) -> Generation:
+    def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int | Sequence[int], **kwargs: Any
+                 ) -> Generation:  # fmt: skip
+        """`RankEngine.generate` on every rank.  `max_batch="auto"` is resolved once here (thread
+        ranks share the device) or by all torchrun ranks together; `batch_plan` keeps the answer.
+        While an online loop runs, the prompts are submitted to it and this waits for them."""
         self._check(prompts)
-        return self._spmd("generate", prompts, max_new_tokens, **kwargs)
+        if self.online is not None:
+            return self.online.generate(prompts, max_new_tokens, **kwargs)
+        if kwargs.get("max_batch") == "auto":
+            limits = [max_new_tokens] * len(prompts) if isinstance(max_new_tokens, int) else list(max_new_tokens)
+            live = [len(p) + int(m) for p, m in zip(prompts, limits, strict=True) if int(m) > 0]
+            if live and self.mode != "dist":
+                kwargs["max_batch"] = self.auto_batch_size(max(live), kwargs.pop("memory_budget", None)).slots
+            elif not live:
+                kwargs["max_batch"] = None
+        kwargs.setdefault("memory_budget", self.memory_budget)
+        gen = self._spmd("generate", prompts, max_new_tokens, **kwargs)
+        if self.mode == "dist":
+            self.batch_plan = self.engines[0].last_plan or self.batch_plan
+        return gen
+
+    def auto_batch_size(self, capacity: int, memory_budget: int | None = None) -> BatchPlan:
+        """How many decode slots of `capacity` tokens fit (`memory`); logged on rank 0 and kept in
+        `batch_plan`.  On torchrun ranks this is collective (every rank must call it)."""
+        budget = memory_budget if memory_budget is not None else self.memory_budget
+        if self.mode == "dist":
+            plan = self.engines[0].auto_batch(capacity, budget)
+        else:
+            per_slot = once = 0
+            for eng in self.engines:  # thread ranks share one device
+                a, b = eng.bytes_per_rank(capacity)
+                per_slot, once = per_slot + a, once + b
+            dev = self.engines[0].device
+            if budget is None:
+                budget = device_budget(dev, [e.decode_runner for e in self.engines])
+            plan = plan_batch(per_slot, once, budget, capacity)
+        if self.is_main:
+            log.info("%s", plan.describe())
+        self.batch_plan = plan
+        return plan
+
+    def _not_online(self, what: str) -> None:
+        if self.online is not None:
+            raise UserError(f"{what} cannot run while an online loop serves this runtime (stop it first)")
 
     def _check(self, seqs: Sequence[Sequence[int]]) -> None:
         V = self.config.vocab_size

@@ -1,31 +1,35 @@
 """The decode step of one rank over a pool of sequence slots, eager or replayed from CUDA graphs.
 
 All inputs of a step live in static device buffers indexed by slot: the token to feed (`ids`), its
-position (`pos`), the sampling stream (`keys`) and how many tokens the slot has generated
-(`steps`).  A step runs the rank's stage over slots [0, B) for a bucket B >= the highest slot in
-use (powers of two up to the pool size), picks the next tokens on the device, and advances the
-buffers itself, so consecutive steps need nothing from the host.  Slots beyond the live ones
-compute garbage that nobody reads (their states are reloaded when a request is admitted; their
-position is clamped to the cache).
+position (`pos`), the sampling stream (`keys`), how many tokens the slot has generated (`steps`)
+and its request's sampling settings (`temp`, `top_p`).  A step runs the rank's stage over slots
+[0, B) for a bucket B >= the highest slot in use (powers of two up to the pool size), picks the
+next tokens on the device, and advances the buffers itself, so consecutive steps need nothing from
+the host.  Slots beyond the live ones compute garbage that nobody reads (their states are reloaded
+when a request is admitted; their position is clamped to the cache).
 
-With graphs, each (bucket, sampling) pair is captured once: the embedding (first stage), all layers
-with their TP collectives (NCCL all-reduce is capturable), the head and the token choice (last
-stage).  The PP hand-over and the broadcast of the chosen tokens stay outside, eager.  Graphs are
-used on CUDA when every collective is capturable: one rank per process (torchrun/NCCL) or a single
-rank; thread ranks (`LocalComm`) synchronise on the host and run eager.
+With graphs, each (bucket, sampling mode) pair is captured once (modes: `sampling.GREEDY`,
+`SAMPLE`, `TOP_P`; the settings themselves are buffers, so one graph serves every mix of requests
+its mode covers): the embedding (first stage), all layers with their TP collectives (NCCL
+all-reduce is capturable), the head and the token choice (last stage).  A pair that was not
+captured runs eager (capturing writes into the pool's rows, so it happens only with no live
+sequence, in `prepare`).  The PP hand-over and the broadcast of the chosen tokens stay outside,
+eager.  Graphs are used on CUDA when every collective is capturable: one rank per process
+(torchrun/NCCL) or a single rank; thread ranks (`LocalComm`) synchronise on the host and run eager.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 
 from ...model.forward import Batch, LayerState
 from ..rank.comm import DistComm
 from .core import RankCore
-from .sampling import select_tokens
+from .sampling import MODES, select_rows
 
 Tensor = torch.Tensor
-Sampling = tuple[float, float]  # (temperature, top_p); (0, 1) is greedy
 
 
 def buckets(slots: int) -> list[int]:
@@ -55,13 +59,15 @@ class DecodeRunner:
         self.ids, self.pos = torch.zeros(slots, **zeros), torch.zeros(slots, **zeros)
         self.keys, self.steps = torch.zeros(slots, **zeros), torch.zeros(slots, **zeros)
         self.next = torch.zeros(slots, **zeros)
+        self.temp = torch.zeros(slots, dtype=torch.float32, device=dev)
+        self.top_p = torch.ones(slots, dtype=torch.float32, device=dev)
         self.seq_index = torch.arange(slots, **zeros)
         self.cu = torch.arange(slots + 1, dtype=torch.int32, device=dev)
         self.has_state = torch.ones(slots, dtype=torch.bool, device=dev)
         D, dtype = engine.model.hidden_size, engine.model.dtype
         self.h_in = None if info.is_first_stage else torch.zeros(slots, D, dtype=dtype, device=dev)
         self.r_in = None if info.is_first_stage else torch.zeros(slots, D, dtype=dtype, device=dev)
-        self.graphs: dict[tuple[int, Sampling], tuple[torch.cuda.CUDAGraph, tuple[Tensor, ...]]] = {}
+        self.graphs: dict[tuple[int, str], tuple[torch.cuda.CUDAGraph, tuple[Tensor, ...]]] = {}
         self.pool = None
 
     def bucket(self, n: int) -> int:
@@ -71,7 +77,7 @@ class DecodeRunner:
         return self.slots >= slots and self.capacity >= capacity
 
     # ---- the step ------------------------------------------------------------------------------
-    def _body(self, B: int, sampling: Sampling) -> tuple[Tensor, ...]:
+    def _body(self, B: int, mode: str) -> tuple[Tensor, ...]:
         """What a graph holds: the stage over slots [0, B), token choice, buffer updates."""
         model, info = self.engine.model, self.engine.comm.info
         batch = Batch(
@@ -91,14 +97,15 @@ class DecodeRunner:
             h, residual = self.h_in[:B], self.r_in[:B]
         out = model.stage(batch, states, h, residual)
         if info.is_last_stage:
-            self.next[:B].copy_(select_tokens(out[0], self.keys[:B], self.steps[:B], *sampling))
+            picked = select_rows(out[0], self.keys[:B], self.steps[:B], self.temp[:B], self.top_p[:B], mode)
+            self.next[:B].copy_(picked)
         self.pos[:B].add_(1).clamp_(max=self.capacity - 1)  # dead slots must not write past the cache
         self.steps[:B].add_(1)
         if info.world_size == 1:
             self.ids[:B].copy_(self.next[:B])
         return out
 
-    def step(self, n: int, sampling: Sampling) -> tuple[Tensor, Tensor | None]:
+    def step(self, n: int, mode: str) -> tuple[Tensor, Tensor | None]:
         """One decode step of slots [0, bucket(n)): (next ids (B,), the last stage's logits or None)."""
         B = self.bucket(n)
         comm, info = self.engine.comm, self.engine.comm.info
@@ -108,11 +115,11 @@ class DecodeRunner:
             h, r = comm.recv_prev([like, like])
             self.h_in[:B].copy_(h)
             self.r_in[:B].copy_(r)
-        if self.use_graphs:
-            graph, out = self._graph(B, sampling)
+        if self.use_graphs and (B, mode) in self.graphs:
+            graph, out = self.graphs[(B, mode)]
             graph.replay()
         else:
-            out = self._body(B, sampling)
+            out = self._body(B, mode)
         if not info.is_last_stage:
             comm.send_next(list(out))
         if info.world_size > 1:
@@ -123,48 +130,56 @@ class DecodeRunner:
         return self.next[:B], out[0] if info.is_last_stage else None
 
     # ---- graphs --------------------------------------------------------------------------------
-    def prepare(self, sampling: Sampling, max_active: int) -> None:
-        """Capture every bucket up to `max_active` for this sampling setting.  Only call with no
+    def prepare(self, modes: Sequence[str], max_active: int) -> None:
+        """Capture every bucket up to `max_active` for these sampling modes.  Only call with no
         live sequence: the warm-up runs write into the pool's rows."""
         if not self.use_graphs:
             return
-        todo = [b for b in buckets(self.slots) if b <= self.bucket(max_active) and (b, sampling) not in self.graphs]
-        for B in sorted(todo, reverse=True):  # largest first: the shared pool is sized by it
-            self._capture(B, sampling)
+        todo = [(b, m) for m in modes for b in buckets(self.slots)
+                if b <= self.bucket(max_active) and (b, m) not in self.graphs]  # fmt: skip
+        for B, mode in sorted(todo, key=lambda bm: (-bm[0], MODES.index(bm[1]))):  # largest first: it sizes the pool
+            self._capture(B, mode)
         self.reset()
 
-    def _graph(self, B: int, sampling: Sampling) -> tuple[torch.cuda.CUDAGraph, tuple[Tensor, ...]]:
-        if (B, sampling) not in self.graphs:
-            raise RuntimeError(f"decode graph for batch {B} was not captured (prepare() first)")
-        return self.graphs[(B, sampling)]
-
-    def _capture(self, B: int, sampling: Sampling) -> None:
+    def _capture(self, B: int, mode: str) -> None:
         side = torch.cuda.Stream(device=self.engine.device)
         side.wait_stream(torch.cuda.current_stream(self.engine.device))
         with torch.cuda.stream(side):
             for _ in range(2):  # compile Triton kernels, create cuBLAS handles and workspaces
-                self._body(B, sampling)
+                self._body(B, mode)
         torch.cuda.current_stream(self.engine.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool):
-            out = self._body(B, sampling)
+            out = self._body(B, mode)
         self.pool = graph.pool()
-        self.graphs[(B, sampling)] = (graph, out)
+        self.graphs[(B, mode)] = (graph, out)
 
     def reset(self) -> None:
         """Zero the step buffers (after warm-ups; positions must stay inside the cache)."""
-        for t in (self.ids, self.pos, self.keys, self.steps, self.next):
+        for t in (self.ids, self.pos, self.keys, self.steps, self.next, self.temp):
             t.zero_()
+        self.top_p.fill_(1.0)
 
     # ---- slots ---------------------------------------------------------------------------------
     def admit(
-        self, slots: list[int], states: dict[int, LayerState], first: Tensor, lengths: list[int], keys: list[int]
+        self,
+        slots: list[int],
+        states: dict[int, LayerState],
+        first: Tensor,
+        lengths: list[int],
+        keys: list[int],
+        temperature: Sequence[float] | None = None,
+        top_p: Sequence[float] | None = None,
     ) -> None:
-        """Requests enter `slots`: their prefilled states, first token, position and stream."""
+        """Requests enter `slots`: their prefilled states (one row per slot, in order), first token,
+        position, stream and sampling settings (default: greedy)."""
         dev = self.engine.device
         idx = torch.tensor(slots, dtype=torch.long, device=dev)
         for i, st in self.states.items():
             st.load(idx, states[i])
+        n = len(slots)
+        self.temp[idx] = torch.tensor(list(temperature or [0.0] * n), dtype=torch.float32, device=dev)
+        self.top_p[idx] = torch.tensor(list(top_p or [1.0] * n), dtype=torch.float32, device=dev)
         self.ids[idx] = first
         self.pos[idx] = torch.tensor(lengths, dtype=torch.long, device=dev)
         self.steps[idx] = 1  # the first token was step 0
@@ -173,5 +188,5 @@ class DecodeRunner:
     def move(self, src: int, dst: int) -> None:
         for st in self.states.values():
             st.move(src, dst)
-        for t in (self.ids, self.pos, self.keys, self.steps, self.next):
+        for t in (self.ids, self.pos, self.keys, self.steps, self.next, self.temp, self.top_p):
             t[dst] = t[src]

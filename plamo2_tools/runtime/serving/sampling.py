@@ -12,9 +12,17 @@ token always), as a mask over the vocabulary, so the noise still belongs to the 
 
 All integer arithmetic is int64 with explicit wrap-around masks, which PyTorch computes the same on
 the CPU and on CUDA; the tensors are a few operations over (batch, vocab), capturable in a graph.
+
+Settings are per row (`select_rows`): each row has its own temperature and top-p, so one decode
+graph serves every mix of requests.  What a graph computes is chosen by a *mode*, the cheapest that
+covers the live rows: `GREEDY` (argmax only), `SAMPLE` (temperature, no nucleus), `TOP_P` (the
+sort for the nucleus too).  A row's token is the same in every mode that covers it: greedy rows
+take the argmax in all three, and a row with top_p = 1 keeps its whole vocabulary under `TOP_P`.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterable
 
 import torch
 
@@ -64,24 +72,55 @@ def uniforms(keys: Tensor, steps: Tensor, vocab: int) -> Tensor:
     return (_shr(x, 40).to(torch.float32) + 0.5) * (1.0 / (1 << 24))
 
 
-def top_p_mask(probs: Tensor, top_p: float) -> Tensor:
-    """True for the tokens nucleus sampling keeps (the most likely one always)."""
+GREEDY, SAMPLE, TOP_P = "greedy", "sample", "top_p"
+MODES = (GREEDY, SAMPLE, TOP_P)  # each covers the ones before it
+
+
+def mode_of(temperature: float, top_p: float) -> str:
+    """The cheapest mode that computes a row with these settings."""
+    if temperature <= 0:
+        return GREEDY
+    return TOP_P if top_p < 1.0 else SAMPLE
+
+
+def covering_mode(modes: Iterable[str]) -> str:
+    """The cheapest mode that covers all of `modes` (GREEDY for none)."""
+    return max(modes, key=MODES.index, default=GREEDY)
+
+
+def top_p_mask(probs: Tensor, top_p: float | Tensor) -> Tensor:
+    """True for the tokens nucleus sampling keeps (the most likely one always); `top_p` a number or
+    one value per row, (B, 1)."""
     sorted_p, order = probs.sort(dim=-1, descending=True)
     keep_sorted = sorted_p.cumsum(-1) - sorted_p < top_p
     return torch.zeros_like(keep_sorted).scatter_(-1, order, keep_sorted)
 
 
+def select_rows(logits: Tensor, keys: Tensor, steps: Tensor, temperature: Tensor, top_p: Tensor, mode: str) -> Tensor:
+    """(B,) int64 next tokens with per-row settings: row b is greedy when temperature[b] <= 0, else
+    seeded sampling at temperature[b] within the nucleus of mass top_p[b] (the whole vocabulary when
+    top_p[b] >= 1).  `mode` must cover every row (see the module doc)."""
+    greedy = logits.argmax(-1)
+    if mode == GREEDY:
+        return greedy
+    t = temperature.to(torch.float32)
+    hot = t > 0
+    scaled = logits.float() / torch.where(hot, t, torch.ones_like(t))[:, None]
+    score = scaled + -torch.log(-torch.log(uniforms(keys, steps, logits.shape[-1])))
+    if mode == TOP_P:
+        p = top_p.to(torch.float32)[:, None]
+        keep = top_p_mask(torch.softmax(scaled, dim=-1), p) | (p >= 1.0)
+        score = score.masked_fill(~keep, float("-inf"))
+    return torch.where(hot, score.argmax(-1), greedy)
+
+
 def select_tokens(logits: Tensor, keys: Tensor, steps: Tensor, temperature: float, top_p: float) -> Tensor:
-    """(B,) int64 next tokens: greedy for temperature <= 0, else seeded temperature + top-p sampling.
+    """(B,) int64 next tokens, one setting for every row: greedy for temperature <= 0, else seeded
+    temperature + top-p sampling (`select_rows` with that setting on each row).
 
     `keys` and `steps` (B,) int64: each row's request key and how many tokens it has generated.
     """
-    if temperature <= 0:
-        return logits.argmax(-1)
-    scaled = logits.float() / temperature
-    gumbel = -torch.log(-torch.log(uniforms(keys, steps, logits.shape[-1])))
-    score = scaled + gumbel
-    if top_p < 1.0:
-        keep = top_p_mask(torch.softmax(scaled, dim=-1), top_p)
-        score = score.masked_fill(~keep, float("-inf"))
-    return score.argmax(-1)
+    B, dev = logits.shape[0], logits.device
+    temps = torch.full((B,), float(temperature), dtype=torch.float32, device=dev)
+    tops = torch.full((B,), float(top_p), dtype=torch.float32, device=dev)
+    return select_rows(logits, keys, steps, temps, tops, mode_of(temperature, top_p))

@@ -14,7 +14,13 @@ Finishing:
 * by an EOS id or a stop string: found when the record is drained, up to `lag` steps late.  The
   slot kept computing for the request in between; those tokens are simply dropped, so the result
   is exactly that of checking after every token (the first EOS is kept, a stop string is checked
-  at every prefix through `first_stop`).
+  at every prefix through `first_stop`);
+* by cancellation (`cancel`): at once; a request still waiting never runs, one being prefilled
+  keeps its slot until its group is loaded (then gives it back), one decoding gives its slot back
+  and its tokens in flight are dropped.
+
+Requests may arrive while the loop runs (`add`); each drain reports what changed as `Update`s,
+once per request per drain, for the callbacks of `generation.GenerationLoop`.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ import torch
 Tensor = torch.Tensor
 StopFn = Callable[[int, list[int]], bool]
 OnToken = Callable[[int, int], None]
+FinishReason = str  # "stop" (EOS id or stop string), "length", "cancelled"
 
 
 class ChunkStop(Protocol):
@@ -55,10 +62,14 @@ def first_stop(stop: StopFn, i: int, tokens: list[int], checked: int) -> int | N
 
 @dataclass
 class Request:
-    index: int  # position in the caller's list (results come back in this order)
+    index: int  # the loop's id of the request (generate: position in the caller's list)
     prompt: list[int]
     max_new: int
     key: int  # sampling stream (see sampling.request_key)
+    temperature: float = 0.0  # <= 0: greedy
+    top_p: float = 1.0
+    stop: StopFn | None = None  # this request's stop(index, tokens) (else the scheduler's)
+    tag: Any = None  # the caller's handle (online: the request id)
     tokens: list[int] = field(default_factory=list)
     logits: list[Tensor] = field(default_factory=list)
     issued: int = 0  # tokens the device was asked to produce
@@ -66,10 +77,28 @@ class Request:
     live: bool = False  # prefilled and loaded into its slot
     closed: bool = False  # the final tokens are known
     checked: int = 0  # tokens already tested against the stop callback
+    reported: int = 0  # tokens already handed to the callbacks
+    final_reported: bool = False
+    finish_reason: FinishReason | None = None
+    stop_reason: int | None = None  # the EOS id that ended it (stop strings: see `stop_hit`)
+    stop_hit: bool = False  # ended by the stop callback
 
     @property
     def issuing(self) -> bool:
         return self.live and self.slot is not None and self.issued < self.max_new and not self.closed
+
+
+@dataclass(frozen=True)
+class Update:
+    """What one drain found for one request: its new tokens, and how it ended if it did."""
+
+    index: int
+    tag: Any
+    tokens: tuple[int, ...]  # new since the last update (EOS and a stop string's last token included)
+    finished: bool
+    finish_reason: FinishReason | None = None
+    stop_reason: int | None = None  # the EOS id, when that ended it
+    stop_hit: bool = False  # ended by the stop callback (a stop string)
 
 
 @dataclass
@@ -84,29 +113,37 @@ class Record:
 
 
 class Scheduler:
-    """Requests, slots and records of one `generate` call (the same on every rank)."""
+    """Requests, slots and records of one generation loop (the same on every rank)."""
 
     def __init__(
         self,
-        requests: list[Request],
+        requests: Sequence[Request],
         slots: int,
         eos: Sequence[int],
         stop: StopFn | None,
         on_token: OnToken | None = None,
+        keep_finished: bool = True,
     ) -> None:
-        self.requests = requests
-        self.pending = deque(r.index for r in requests if r.max_new > 0)
-        for r in requests:
-            r.closed = r.max_new <= 0
+        self.requests: dict[int, Request] = {}
+        self.by_tag: dict[Any, int] = {}  # the caller's handle -> index (requests that have one)
+        self.pending: deque[int] = deque()
         self.slot_owner: list[int | None] = [None] * slots
         self.eos, self.stop, self.on_token = set(eos), stop, on_token
+        self.keep_finished = keep_finished  # False (online): forget a request once it was reported
         self.records: deque[Record] = deque()
         self.steps = 0  # records made so far (their numbers)
+        self.updates: list[Update] = []  # found since the last `take_updates`
+        self.add(requests)
 
     # ---- state -------------------------------------------------------------------------------
     @property
     def done(self) -> bool:
-        return all(r.closed for r in self.requests)
+        return not self.pending and all(r.closed for r in self.requests.values())
+
+    @property
+    def running(self) -> int:
+        """Requests holding a slot (being prefilled or decoding)."""
+        return sum(o is not None for o in self.slot_owner)
 
     def free_slots(self) -> list[int]:
         return [s for s, owner in enumerate(self.slot_owner) if owner is None]
@@ -124,7 +161,25 @@ class Scheduler:
     def can_admit(self) -> bool:
         return bool(self.pending) and None in self.slot_owner
 
-    # ---- admission -----------------------------------------------------------------------------
+    def pending_tokens(self, n: int) -> int:
+        """Prompt tokens of the next n waiting requests."""
+        return sum(len(self.requests[i].prompt) for i in list(self.pending)[:n])
+
+    # ---- arrivals, admission, cancellation -----------------------------------------------------
+    def add(self, requests: Sequence[Request]) -> None:
+        """New requests, waiting in arrival order (one with nothing to generate is closed at once)."""
+        for r in requests:
+            if r.index in self.requests:
+                raise ValueError(f"request {r.index} is already in the loop")
+            self.requests[r.index] = r
+            if r.tag is not None:
+                self.by_tag[r.tag] = r.index
+            if r.max_new > 0:
+                self.pending.append(r.index)
+            else:
+                self._close(r, 0, "length")
+                self._report(r)
+
     def admit(self, token_budget: int | None) -> list[Request]:
         """Next requests for the free slots (lowest first), at most `token_budget` prompt tokens
         together (always at least one request)."""
@@ -143,6 +198,17 @@ class Scheduler:
             group.append(req)
         return group
 
+    def cancel(self, index: int) -> bool:
+        """End a request now; False if it is unknown or already finished."""
+        r = self.requests.get(index)
+        if r is None or r.closed:
+            return False
+        if index in self.pending:
+            self.pending.remove(index)
+        self._close(r, len(r.tokens), "cancelled")
+        self._report(r)
+        return True
+
     def issue(self, reqs: Sequence[Request]) -> None:
         """One more token was asked of each request; a request that reached its limit gives its
         slot back now (its tokens are still on their way)."""
@@ -154,7 +220,7 @@ class Scheduler:
     def burst(self, k: int) -> int:
         """How many decode steps to run before looking again: at most k, no more than any live
         request still needs, and, when requests are waiting, no more than until the first slot is
-        freed by length (so that it is refilled at once)."""
+        freed by length."""
         left = [r.max_new - r.issued for r in self.active()]
         if not left:
             return 0
@@ -165,6 +231,10 @@ class Scheduler:
         assert owner is not None and self.slot_owner[dst] is None
         self.slot_owner[dst], self.slot_owner[src] = owner, None
         self.requests[owner].slot = dst
+
+    def release(self, r: Request) -> None:
+        """Give back the slot of a request that will not be loaded (cancelled in its group)."""
+        self._release(r)
 
     def _release(self, r: Request) -> None:
         if r.slot is not None and self.slot_owner[r.slot] == r.index:
@@ -178,7 +248,7 @@ class Scheduler:
 
     def drain_until(self, number: int) -> None:
         """Take in every record numbered <= `number` (waiting for its copy if need be), then check
-        the stop callback on the new tokens."""
+        the stop callbacks on the new tokens."""
         touched: dict[int, int] = {}  # request -> tokens it had before (for on_token)
         while self.records and self.records[0].number <= number:
             rec = self.records.popleft()
@@ -188,8 +258,8 @@ class Scheduler:
             for row, owner in enumerate(rec.owners):
                 if owner is None:
                     continue
-                r = self.requests[owner]
-                if r.closed:
+                r = self.requests.get(owner)
+                if r is None or r.closed:
                     continue
                 touched.setdefault(owner, len(r.tokens))
                 self._accept(r, values[row], None if rec.logits is None else rec.logits[row])
@@ -199,30 +269,57 @@ class Scheduler:
             if self.on_token is not None:
                 for t in r.tokens[before:]:
                     self.on_token(r.index, t)
+            self._report(r)
 
     def drain_all(self) -> None:
         self.drain_until(self.steps)
+
+    def take_updates(self) -> list[Update]:
+        """What changed since the last call; finished requests are forgotten unless kept."""
+        out, self.updates = self.updates, []
+        if not self.keep_finished:
+            for u in out:
+                if u.finished:
+                    self.requests.pop(u.index, None)
+                    if u.tag is not None and self.by_tag.get(u.tag) == u.index:
+                        del self.by_tag[u.tag]
+        return out
+
+    def _report(self, r: Request) -> None:
+        new = tuple(r.tokens[r.reported :])
+        if r.final_reported or (not new and not r.closed):
+            return
+        r.reported, r.final_reported = len(r.tokens), r.closed
+        self.updates.append(Update(r.index, r.tag, new, r.closed, r.finish_reason, r.stop_reason, r.stop_hit))
 
     def _accept(self, r: Request, token: int, logits: Tensor | None) -> None:
         r.tokens.append(token)
         if logits is not None:
             r.logits.append(logits)
-        if token in self.eos or len(r.tokens) >= r.max_new:
-            self._close(r, len(r.tokens))
+        if token in self.eos:
+            r.stop_reason = token
+            self._close(r, len(r.tokens), "stop")
+        elif len(r.tokens) >= r.max_new:
+            self._close(r, len(r.tokens), "length")
 
     def _check_stop(self, r: Request) -> None:
-        if self.stop is None:
+        stop = r.stop if r.stop is not None else self.stop
+        if stop is None:
             return
         # A request closed by EOS or length still has its last tokens checked: the original loop
         # asked the stop callback about every token it kept.
-        hit = first_stop(self.stop, r.index, r.tokens, r.checked)
+        hit = first_stop(stop, r.index, r.tokens, r.checked)
         r.checked = len(r.tokens)
         if hit is not None:
-            self._close(r, hit)
+            r.stop_reason, r.stop_hit = None, True
+            self._close(r, hit, "stop")
 
-    def _close(self, r: Request, keep: int) -> None:
+    def _close(self, r: Request, keep: int, reason: FinishReason) -> None:
         del r.tokens[keep:]
         del r.logits[keep:]
         r.checked = min(r.checked, keep)
         r.closed = True
-        self._release(r)
+        r.finish_reason = reason
+        if r.live or r.slot is None:
+            self._release(r)
+        # else: cancelled in its prefill group, which gives the slot back when it loads

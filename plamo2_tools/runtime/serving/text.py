@@ -100,6 +100,12 @@ class StopStringWatcher:
         return next((n for n in range(checked + 1, len(tokens) + 1) if self(i, tokens[:n])), None)
 
 
+def earliest_stop(text: str, stops: Sequence[str]) -> str | None:
+    """The stop string that occurs first in `text` (the longest of those starting there), or None."""
+    found = [(i, -len(s), s) for s in stops if s and (i := text.find(s)) >= 0]
+    return min(found)[2] if found else None
+
+
 def cut_at_stop(text: str, stops: Sequence[str]) -> tuple[str, bool]:
     """The text before the earliest stop string (the stop string itself excluded), and whether one
     was found."""
