@@ -87,17 +87,18 @@ def test_vllm_plamo3_sharded_state_loads_our_shards_bit_for_bit(tmp_path: Path) 
     assert extras == {s: ("float32", [], 1.0) for s in SCALES}
 
 
-def test_vllm_plamo3_bf16_differs_only_by_norm_offset_rounding(tmp_path: Path) -> None:
-    # convert --dtype bfloat16 from the fp32 checkpoint, vLLM in bf16: vLLM's plamo3.py adds the norm offsets after
-    # copying into the bf16 parameter (two roundings), the converter in fp32 (one). Everything else must be
-    # bit-identical and sharded_state must load; the norm difference is at most one bf16 step
-    # (reports/vllm/README.md, "PLaMo 3 shards through vLLM's own loaders"). Also passes if the two ever agree.
+def test_vllm_plamo3_bf16_equals_vllm_on_cuda(tmp_path: Path) -> None:
+    # convert --dtype bfloat16 from the fp32 checkpoint, vLLM in bf16: vLLM's plamo3.py copies a norm weight into its
+    # bf16 parameter, then adds the offset; the converter does the same in CUDA's arithmetic (cast first, float32
+    # offset, one more rounding). vLLM here runs on the CPU, where torch also rounds the offset to bf16 first, so
+    # norms may differ by one bf16 step, and only where the CPU's extra rounding explains it (pass-cuda-rounding);
+    # everything else must be bit-identical and sharded_state must load.
     result, proc = _harness(tmp_path, "tiny3-mqa", "2", "--dtype", "bfloat16")
     (case,) = [c for c in result["cases"] if c["status"] != "skipped"]
     assert case["dtype"] == "bfloat16"
     assert all(r["sharded_load"]["ok"] for r in case["ranks"]), _problems([case])
-    if case["status"] != "pass":
-        rounding = case.get("offset_rounding_only")
-        assert rounding is not None, proc.stdout + "\n" + _problems([case])
+    assert case["status"] in ("pass", "pass-cuda-rounding"), proc.stdout + "\n" + _problems([case])
+    if case["status"] == "pass-cuda-rounding":
+        rounding = case["offset_rounding_only"]
         assert rounding["max_ulps"] == 1
         assert all(k.endswith("norm.weight") for k in rounding["by_norm"]), rounding["by_norm"]
