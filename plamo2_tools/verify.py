@@ -112,12 +112,25 @@ def verify_work(layouts: int, max_new_tokens: int) -> int:
     return max(1, max_new_tokens) + layouts * max_new_tokens
 
 
-def runtime_outputs(rt: Runtime, prompts: list[list[int]], max_new_tokens: int) -> dict[str, Any]:
+def runtime_outputs(
+    rt: Runtime, prompts: list[list[int]], max_new_tokens: int, progress: Callable[[int], None] | None = None
+) -> dict[str, Any]:
     """What verify compares (a job: it runs on thread or torchrun ranks): logits of every prompt
-    position and a greedy continuation with its per-step logits."""
+    position and a greedy continuation with its per-step logits.  `progress` (in-process only)
+    gets one unit per len(prompts) generated tokens, as the runtime reports them."""
     logits = rt.prompt_logits(prompts)
-    gen = rt.generate(prompts, max_new_tokens, return_logits=True)
-    return {"prompt_logits": logits, "tokens": gen.tokens, "step_logits": gen.logits}
+    ticks = [0]
+
+    def on_token(i: int, token: int) -> None:
+        ticks[0] += 1
+        if progress is not None and ticks[0] % len(prompts) == 0:
+            progress(1)
+
+    gen = rt.generate(prompts, max_new_tokens, return_logits=True, on_token=on_token if progress else None)
+    out = {"prompt_logits": logits, "tokens": gen.tokens, "step_logits": gen.logits}
+    if progress is not None:
+        out["ticked"] = ticks[0] // len(prompts)
+    return out
 
 
 def reference_outputs(
@@ -236,11 +249,15 @@ def runtime_outputs_for(
     backend: str,
     prefill_chunk: int | None,
     forward_options: dict[str, Any] | None = None,
+    progress: Callable[[int], None] | None = None,
 ) -> dict[str, Any]:
     # verify() has checked every file against its manifest already: the runtime need not hash them again.
     runtime = {"shards": str(shards), "device": device, "backend": backend, "prefill_chunk": prefill_chunk,
                "verify_files": False, "forward_options": forward_options or {}}  # fmt: skip
-    return run_job(runtime_outputs, runtime, {"prompts": prompts, "max_new_tokens": max_new_tokens}, launch)
+    args: dict[str, Any] = {"prompts": prompts, "max_new_tokens": max_new_tokens}
+    if progress is not None and not launch:  # a callback cannot travel to torchrun ranks
+        args["progress"] = progress
+    return run_job(runtime_outputs, runtime, args, launch)
 
 
 def verify(
@@ -280,9 +297,9 @@ def verify(
     )
     layouts = []
     for s, m in zip(shards, manifests, strict=True):
-        rt = runtime_outputs_for(s, prompts, max_new_tokens, launch, device, backend, prefill_chunk, options)
-        if progress:
-            progress(max_new_tokens)
+        rt = runtime_outputs_for(s, prompts, max_new_tokens, launch, device, backend, prefill_chunk, options, progress)
+        if progress:  # what the runtime did not report as it went (all of it on torchrun ranks)
+            progress(max(0, max_new_tokens - int(rt.pop("ticked", 0))))
         metrics = compare(ref, rt)
         dtype = shard_dtype(s)
         thresholds = THRESHOLDS.get(dtype, THRESHOLDS["bfloat16"])

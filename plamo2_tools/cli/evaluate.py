@@ -10,7 +10,14 @@ import typer
 from ..errors import UserError
 from .console import err, out, print_json
 from .options import Backend, Device, Json, NoVerify, TrustRemoteCode, WindowConvention
-from .validators import check_eval_numbers, check_output_dir, check_runtime_options, forward_options, parse_limit
+from .validators import (
+    check_eval_numbers,
+    check_output_dir,
+    check_runtime_options,
+    forward_options,
+    parse_batch_size,
+    parse_limit,
+)
 
 
 def eval_shards(
@@ -18,7 +25,9 @@ def eval_shards(
     tasks: Annotated[str, typer.Option(help="Comma-separated lm-eval tasks; gsm8k is supported.")] = "gsm8k",
     num_fewshot: Annotated[int | None, typer.Option(help="Few-shot examples (default: the task's, 5).")] = None,
     limit: Annotated[str | None, typer.Option(help="First N test documents (or a fraction < 1).")] = None,
-    batch_size: Annotated[int, typer.Option(help="Requests per runtime call.")] = 8,
+    batch_size: Annotated[
+        str, typer.Option(help='Sequences decoding at once: a number, or "auto" (as many as memory holds).')
+    ] = "auto",
     gsm8k_dir: Annotated[Path | None, typer.Option(help="Holds train/test.jsonl (default: $PLAMO2_GSM8K_DIR).")] = None,
     output_path: Annotated[Path | None, typer.Option(help="Write results and samples under DIR/<shards>/.")] = None,
     launch: Annotated[bool, typer.Option(help="Ranks as torchrun processes, not threads.")] = False,
@@ -50,7 +59,8 @@ def eval_shards(
     task_list = [t.strip() for t in tasks.split(",") if t.strip()]
     check_tasks(task_list)
     check_runtime_options(device, backend)
-    check_eval_numbers(batch_size, max_gen_toks, max_length, num_fewshot, bootstrap_iters)
+    batch = parse_batch_size(batch_size)
+    check_eval_numbers(batch, max_gen_toks, max_length, num_fewshot, bootstrap_iters)
     parsed_limit = parse_limit(limit)
     if output_path is not None:
         check_output_dir(output_path, "--output-path")
@@ -66,7 +76,7 @@ def eval_shards(
         err.print("[yellow]warning:[/] not the official GSM8K files; scores do not compare with published numbers")
     request = EvalRequest(
         shards=str(shards), data=data.to_dict(), tasks=task_list, num_fewshot=num_fewshot, limit=parsed_limit,
-        batch_size=batch_size, output_path=str(output_path) if output_path else None, device=device, backend=backend,
+        batch_size=batch, output_path=str(output_path) if output_path else None, device=device, backend=backend,
         max_gen_toks=max_gen_toks, max_length=max_length, trust_remote_code=trust_remote_code,
         bootstrap_iters=bootstrap_iters, log_samples=log_samples and output_path is not None,
         verify_files=False, forward_options=options,

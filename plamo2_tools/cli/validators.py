@@ -94,10 +94,20 @@ def parse_limit(text: str | None) -> int | float | None:
     return int(value) if value >= 1 and value.is_integer() else value
 
 
+def parse_batch_size(text: str) -> int | str:
+    """--batch-size: a positive integer or "auto"."""
+    if text.strip().lower() == "auto":
+        return "auto"
+    try:
+        return int(text)
+    except ValueError:
+        raise UserError(f'--batch-size must be a number or "auto", got {text!r}') from None
+
+
 def check_eval_numbers(
-    batch_size: int, max_gen_toks: int, max_length: int | None, num_fewshot: int | None, bootstrap_iters: int
+    batch_size: int | str, max_gen_toks: int, max_length: int | None, num_fewshot: int | None, bootstrap_iters: int
 ) -> None:
-    if batch_size < 1:
+    if batch_size != "auto" and int(batch_size) < 1:
         raise UserError(f"--batch-size {batch_size}: must be >= 1")
     if max_gen_toks < 1:
         raise UserError(f"--max-gen-toks {max_gen_toks}: must be >= 1")

@@ -51,7 +51,7 @@ class EvalRequest:
     tasks: list[str] = field(default_factory=lambda: ["gsm8k"])
     num_fewshot: int | None = None  # None: the task's own (5 for gsm8k)
     limit: int | float | None = None
-    batch_size: int = 8
+    batch_size: int | str = "auto"  # decode slots, or "auto": as many as the device's memory holds
     output_path: str | None = None
     device: str = "cpu"
     backend: str = "auto"

@@ -17,7 +17,7 @@ lm-eval's CLI as ``--model plamo2 --model_args pretrained=<shard dir>`` (see `lm
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -47,9 +47,11 @@ from .stop_rules import (
 
 log = logging.getLogger(__name__)
 
-# What batch_size="auto" means: the runtime has no out-of-memory probing, and vLLM (which "auto"
-# imitates) would schedule everything at once; a fixed moderate batch keeps memory predictable.
-AUTO_BATCH_SIZE = 16
+# batch_size="auto" (the default): generation decodes as many sequences at once as the device's
+# memory holds (runtime/serving/memory.py, `Runtime.auto_batch_size`); loglikelihood batches are
+# also bounded by tokens, since a score holds float32 logits of every token.
+AUTO = "auto"
+AUTO_SCORE_TOKENS = 16384
 
 # A loglikelihood request as TemplateLM hands it over: ((context, continuation) or None, ids, ids).
 TokenRequest = tuple[Any, list[int], list[int]]
@@ -67,7 +69,7 @@ class Plamo2LM(TemplateLM):
         runtime: Runtime | None = None,
         device: str | None = "cpu",
         backend: str = "auto",
-        batch_size: int | str | None = 1,
+        batch_size: int | str | None = AUTO,
         max_batch_size: int | None = None,
         max_gen_toks: int = DEFAULT_MAX_GEN_TOKS,
         max_length: int | None = None,
@@ -89,7 +91,9 @@ class Plamo2LM(TemplateLM):
         `continuous_batching` (default on): all requests of one gen_kwargs group go to the runtime
         at once and `batch_size` sequences decode together, a finished one's slot refilled with the
         next request; off: lm-eval's fixed batches of `batch_size`, each run to its longest answer.
-        Results are the same either way.  `cuda_graph=false` keeps decode eager on CUDA."""
+        Results are the same either way.  `batch_size="auto"` (default): as many sequences as the
+        device's memory holds (reported in the results' config as `auto_batch`).
+        `cuda_graph=false` keeps decode eager on CUDA."""
         super().__init__()
         self.device_name = _usable_device(device)
         if runtime is None:
@@ -120,6 +124,8 @@ class Plamo2LM(TemplateLM):
         if self._max_length <= self._max_gen_toks:
             raise UserError(f"max_length ({self._max_length}) must exceed max_gen_toks ({self._max_gen_toks})")
         self.batch_size = _parse_batch_size(batch_size, max_batch_size)
+        self.max_batch_size = int(max_batch_size) if max_batch_size else None
+        self.batch_sizes: dict[str, int] = {}  # what ran, per request type (lm-eval records it)
         self.seed = int(seed)
         self.continuous_batching = _flag(continuous_batching)
         self.stop_ids = stop_token_ids(runtime.path, self.tokenizer)
@@ -169,6 +175,9 @@ class Plamo2LM(TemplateLM):
             "runtime_device": self.device_name,
             "runtime_mode": self.runtime.mode,
             "forward_options": dict(getattr(self.runtime, "forward_options", {})),
+            "batch_size": self.batch_size,
+            "auto_batch": self.runtime.batch_plan.to_dict() if getattr(self.runtime, "batch_plan", None) else None,
+            "batch_sizes_run": dict(self.batch_sizes),
             "max_length": self.max_length,
             "max_gen_toks": self.max_gen_toks,
             "stop_token_ids": list(self.stop_ids),
@@ -217,7 +226,10 @@ class Plamo2LM(TemplateLM):
         bar = tqdm(
             total=len(requests), disable=disable_tqdm or not self.runtime.is_main, desc="Running loglikelihood requests"
         )
-        for chunk in collator.get_batched(n=self.batch_size):
+        longest = max((min(len(c) + len(x), self.max_length) for _, c, x in requests), default=1)
+        n = self._score_batch(longest)
+        self.batch_sizes["loglikelihood"] = n
+        for chunk in collator.get_batched(n=n):
             seqs, starts = [], []
             for _, context, continuation in chunk:
                 whole = (context + continuation)[-self.max_length :]
@@ -282,17 +294,36 @@ class Plamo2LM(TemplateLM):
         bar = tqdm(
             total=len(items), disable=disable_tqdm or not self.runtime.is_main, desc="Running generate_until requests"
         )
-        for chunk in collator.get_batched(n=0 if self.continuous_batching else self.batch_size):
+        if self.continuous_batching:
+            static = 0
+        elif self.batch_size == AUTO:
+            static = self._auto_slots(max(len(e) for _, e, _, _ in items) + self.max_gen_toks)
+        else:
+            static = int(self.batch_size)
+        for chunk in collator.get_batched(n=static):
             settings = gen_settings(chunk[0][2], self.eos_text, self.max_gen_toks)
-            texts = self._generate([enc for _, enc, _, _ in chunk], settings, [i for *_, i in chunk])
+            # The bar advances as each request finishes (the runtime reports it at its next look).
+            texts = self._generate([enc for _, enc, _, _ in chunk], settings, [i for *_, i in chunk],
+                                   on_finish=lambda _i: bar.update(1))  # fmt: skip
             for (context, _, gen_kwargs, _), text in zip(chunk, texts, strict=True):
                 results.append(text)
                 self.cache_hook.add_partial("generate_until", (context, gen_kwargs), text)
-                bar.update(1)
         bar.close()
         return collator.get_original(results)
 
-    def _generate(self, prompts: list[list[int]], settings: GenSettings, keys: list[int]) -> list[str]:
+    def _auto_slots(self, capacity: int) -> int:
+        slots = self.runtime.auto_batch_size(capacity).slots
+        return min(slots, self.max_batch_size) if self.max_batch_size else slots
+
+    def _score_batch(self, longest: int) -> int:
+        """Sequences per score call: the batch size, or for "auto" what memory and
+        AUTO_SCORE_TOKENS tokens of float32 logits allow."""
+        if self.batch_size != AUTO:
+            return int(self.batch_size)
+        return max(1, min(self._auto_slots(longest), AUTO_SCORE_TOKENS // max(1, longest)))
+
+    def _generate(self, prompts: list[list[int]], settings: GenSettings, keys: list[int],
+                  on_finish: Callable[[int], None] | None = None) -> list[str]:  # fmt: skip
         truncated, limits = [], []
         for ids in prompts:
             ids, max_new = maybe_truncate(
@@ -301,13 +332,22 @@ class Plamo2LM(TemplateLM):
             truncated.append(ids)
             limits.append(max(0, max_new))
         if not any(limits):
+            for i in range(len(prompts)) if on_finish else ():
+                on_finish(i)
             return ["" for _ in prompts]
         watcher = StopStringWatcher(self.decode, settings.until)
+        max_batch: int | str | None = None
+        if self.continuous_batching:
+            max_batch = self.batch_size
+            if max_batch == AUTO and self.max_batch_size:
+                max_batch = self._auto_slots(max(len(p) + n for p, n in zip(truncated, limits, strict=True)))
         generation = self.runtime.generate(
             truncated, limits[0] if len(set(limits)) == 1 else limits, eos_token_ids=self.stop_ids,
             temperature=settings.temperature, top_p=settings.top_p, seed=self.seed, stop=watcher,
-            max_batch=self.batch_size if self.continuous_batching else None, request_keys=keys,
+            max_batch=max_batch, request_keys=keys, on_finish=on_finish,
         )  # fmt: skip
+        if generation.slots:
+            self.batch_sizes["generate_until"] = generation.slots
         return [finish_text(tokens, self.stop_ids, self.decode, settings.until) for tokens in generation.tokens]
 
 
@@ -329,17 +369,17 @@ def _usable_device(device: str | None) -> str:
     return device
 
 
-def _parse_batch_size(batch_size: int | str | None, max_batch_size: int | None) -> int:
-    """lm-eval hands the CLI's --batch_size over as a string ('8', 'auto', 'auto:4')."""
+def _parse_batch_size(batch_size: int | str | None, max_batch_size: int | None) -> int | str:
+    """lm-eval hands the CLI's --batch_size over as a string ('8', 'auto', 'auto:4'): a number, or
+    AUTO (max_batch_size, if given, caps what auto chooses)."""
     if batch_size is None:
-        size = 1
-    elif isinstance(batch_size, str) and batch_size.startswith("auto"):
-        size = AUTO_BATCH_SIZE
-    else:
-        try:
-            size = int(batch_size)
-        except ValueError:
-            raise UserError(f"batch_size must be an integer or 'auto', got {batch_size!r}") from None
+        return 1
+    if isinstance(batch_size, str) and batch_size.strip().lower().startswith(AUTO):
+        return AUTO
+    try:
+        size = int(batch_size)
+    except ValueError:
+        raise UserError(f"batch_size must be an integer or 'auto', got {batch_size!r}") from None
     if max_batch_size:
         size = min(size, int(max_batch_size))
     if size < 1:

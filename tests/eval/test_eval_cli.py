@@ -58,6 +58,24 @@ def test_num_fewshot_default_is_the_tasks_own(cli, shard_dirs, monkeypatch: pyte
     cli("eval", shard_dirs["tp1pp1"], "--gsm8k-dir", MINI_GSM8K, "--allow-unverified-data")
     cli("eval", shard_dirs["tp1pp1"], "--gsm8k-dir", MINI_GSM8K, "--allow-unverified-data", "--num-fewshot", "2")
     assert [r.num_fewshot for r in seen] == [None, 2]
+
+
+def test_batch_size_defaults_to_auto_and_takes_a_number_or_auto(cli, shard_dirs, one_line_error, monkeypatch) -> None:
+    seen: list[harness.EvalRequest] = []
+
+    def fake_run_eval(request: harness.EvalRequest, launch: bool = False) -> None:
+        seen.append(request)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(harness, "run_eval", fake_run_eval)
+    base = [shard_dirs["tp1pp1"], "--gsm8k-dir", MINI_GSM8K, "--allow-unverified-data"]
+    cli("eval", *base)
+    cli("eval", *base, "--batch-size", "auto")
+    cli("eval", *base, "--batch-size", "12")
+    assert [r.batch_size for r in seen] == ["auto", "auto", 12]
+    for bad in ("many", "0", "-3"):
+        line = one_line_error(cli("eval", *base, "--batch-size", bad, expect=2), 2)
+        assert "--batch-size" in line
     assert harness.EvalRequest(shards="s", data={}).num_fewshot is None
 
 

@@ -43,30 +43,41 @@ def snapshot(runner) -> list[torch.Tensor]:
     return tensors
 
 
-@pytest.mark.parametrize("sampling", [(0.0, 1.0), (0.8, 0.9)])
-def test_graph_replay_equals_eager_bit_for_bit(gpu_shards, sampling) -> None:
+# (mode, per-slot temperatures, per-slot top-p): greedy, one nucleus setting, and a mix of greedy,
+# plain sampling and nucleus rows in one graph.
+CASES = [
+    ("greedy", [0.0] * 5, [1.0] * 5),
+    ("top_p", [0.8] * 5, [0.9] * 5),
+    ("top_p", [0.0, 0.7, 1.1, 0.0, 0.9], [1.0, 1.0, 0.8, 0.5, 0.95]),
+]
+
+
+@pytest.mark.parametrize(("mode", "temps", "tops"), CASES)
+def test_graph_replay_equals_eager_bit_for_bit(gpu_shards, mode, temps, tops) -> None:
     with Runtime(gpu_shards, device="cuda", backend=BACKEND) as rt:
         eng = rt.engines[0]
         V = eng.cfg.vocab_size
         runner = eng._runner(8, 96)
         assert runner.use_graphs
-        runner.prepare(sampling, 8)
+        runner.prepare([mode], 8)
         reqs = make_requests(prompts(V, [5, 17, 40, 9, 23]), [8] * 5, seed=1, keys=None)
         for slot, r in enumerate(reqs):
             r.slot = slot
         group = PrefillGroup(eng, reqs, None, None)
-        while not group.finished:
+        while any(d < len(r.prompt) for d, r in zip(group.done, reqs, strict=True)):
             group.step()
         first = group.logits.argmax(-1)
-        runner.admit(list(range(5)), group.states, first, [len(r.prompt) for r in reqs], [r.key for r in reqs])
+        runner.admit(list(range(5)), group.states, first, [len(r.prompt) for r in reqs], [r.key for r in reqs],
+                     temps, tops)  # fmt: skip
         for _ in range(3):  # a few steps in, so the states are not the prefill's
-            runner.step(5, sampling)
+            runner.step(5, mode)
         before = [t.clone() for t in snapshot(runner)]
-        nxt_graph, logits_graph = runner.step(5, sampling)
+        assert (8, mode) in runner.graphs
+        nxt_graph, logits_graph = runner.step(5, mode)
         graph_out = [nxt_graph.clone(), logits_graph.clone()] + [t.clone() for t in snapshot(runner)]
         for t, saved in zip(snapshot(runner), before, strict=True):
             t.copy_(saved)
-        logits_eager = runner._body(8, sampling)[0]
+        logits_eager = runner._body(8, mode)[0]
         eager_out = [runner.next[:8].clone(), logits_eager.clone()] + [t.clone() for t in snapshot(runner)]
         for a, b in zip(graph_out, eager_out, strict=True):
             assert torch.equal(a, b)
@@ -86,6 +97,27 @@ def test_generate_with_graphs_equals_eager(gpu_shards) -> None:
         assert rt.generate(seqs, limits, max_batch=4, temperature=0.9, top_p=0.95, seed=3).tokens == sampled
         assert not rt.engines[0].decode_runner.use_graphs
     assert [len(t) for t in graphs] == limits
+
+
+def test_online_loop_with_graphs_equals_eager(gpu_shards) -> None:
+    """Mixed greedy / sampled requests arriving while the loop runs: one graph per bucket and
+    sampling mode on CUDA gives the tokens of the eager loop."""
+    from plamo2_tools.runtime.serving.online import OnlineLoop, OnlineRequest
+
+    results = []
+    for graphs in (True, False):
+        with Runtime(gpu_shards, device="cuda", backend=BACKEND, cuda_graph=graphs) as rt:
+            seqs = prompts(rt.config.vocab_size, [3, 50, 17, 9, 31, 64, 5])
+            settings = [(0.0, 1.0), (0.9, 0.95), (0.7, 1.0), (0.0, 1.0), (1.2, 0.5), (0.8, 1.0), (0.0, 1.0)]
+            with OnlineLoop(rt, max_batch=4, max_context=128, eos_token_ids=[]) as loop:
+                handles = [loop.submit(OnlineRequest(f"r{i}", tuple(p), 12, temperature=t, top_p=q, seed=4, stream=i))
+                           for i, (p, (t, q)) in enumerate(zip(seqs, settings, strict=True))]  # fmt: skip
+                for h in handles:
+                    h.result(120)
+                if graphs:
+                    assert rt.engines[0].decode_runner.graphs
+            results.append([h.tokens for h in handles])
+    assert results[0] == results[1]
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
