@@ -29,6 +29,7 @@ the choice is made.
 
 from __future__ import annotations
 
+import inspect
 import os
 import warnings
 from dataclasses import dataclass
@@ -37,7 +38,9 @@ import torch
 import triton
 import triton.language as tl
 
+from plamo2_tools import __version__
 from plamo2_tools.kernels.triton_math import dot, silu, softplus
+from plamo2_tools.kernels.tune_cache import TuneCache, key_of
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
@@ -288,6 +291,10 @@ def _chunk_output_body(
              mask=mask)  # fmt: skip
 
 
+# Triton's own record of its autotuning, kept in its cache directory between runs (Triton >= 3.2).
+_CACHE_RESULTS = {"cache_results": True} if "cache_results" in inspect.signature(triton.autotune).parameters else {}
+
+
 def _autotuned(configs: list[tuple[int, int, int, int, int]]):
     return triton.autotune(
         configs=[
@@ -295,6 +302,7 @@ def _autotuned(configs: list[tuple[int, int, int, int, int]]):
             for m, k, p, w, st in configs
         ],
         key=["H", "P", "N", "Q"],
+        **({} if _INTERPRET else _CACHE_RESULTS),
     )(_chunk_output_body)
 
 
@@ -494,16 +502,40 @@ def _gpu_ms(fn, reps: int = 4) -> float:
     return start.elapsed_time(end)
 
 
+_tune_cache: TuneCache | None = None
+
+
+def _tune_cache(device: torch.device) -> TuneCache:
+    """The machine's record of earlier decisions (kernels/tune_cache.py): valid only for exactly
+    this software and this GPU."""
+    global _tune_cache
+    if _tune_cache is None:
+        props = torch.cuda.get_device_properties(device)
+        identity = {"plamo2_tools": __version__, "torch": torch.__version__, "triton": triton.__version__,
+                    "device": props.name, "capability": f"{props.major}.{props.minor}"}  # fmt: skip
+        _tune_cache = TuneCache("ssd_chunk_scan", identity)
+    return _tune_cache
+
+
+def _known_choice(value: object) -> bool:
+    return isinstance(value, list) and len(value) == 2 and (value[0], value[1]) in AUTO_CHOICES
+
+
 def auto_choice(args: tuple) -> tuple[str, int]:
     """(variant, Q) for these inputs: the fastest of AUTO_CHOICES on this shape bucket by GPU time,
-    measured once (a warm-up call that compiles and autotunes, then two interleaved rounds of
-    4 calls per choice; the better round counts)."""
+    measured once per machine (a warm-up call that compiles and autotunes, then two interleaved
+    rounds of 4 calls per choice; the better round counts) and kept in the tuning cache."""
     x, B, z, init, cu = args[0], args[3], args[6], args[9], args[8]
     key = _auto_key(x, B, z, init, cu)
     if key in _auto:
         return _auto[key]
     if _INTERPRET or x.device.type != "cuda" or torch.cuda.is_current_stream_capturing():
         return AUTO_CHOICES[0]
+    cache, ckey = _tune_cache(x.device), key_of(key[:-1])  # the device is the cache's identity
+    known = cache.get(ckey, _known_choice)
+    if known is not None:
+        _auto[key] = (known[0], int(known[1]))
+        return _auto[key]
     times: dict[tuple[str, int], float] = {}
     for choice in AUTO_CHOICES:
         try:
@@ -518,6 +550,7 @@ def auto_choice(args: tuple) -> tuple[str, int]:
     if not times:
         raise RuntimeError("ssd_chunk_scan: no (variant, chunk size) choice runs on this device")
     _auto[key] = min(times, key=times.__getitem__)
+    cache.put(ckey, list(_auto[key]))
     return _auto[key]
 
 
