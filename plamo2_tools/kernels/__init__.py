@@ -59,6 +59,11 @@ class Ops(Protocol):
         stored at ``cache[seq_index, positions]``.  Returns q (M, Hq, d)."""
         ...
 
+    def linear(self, x: Tensor, weight: Tensor) -> Tensor:
+        """(M, K) @ (N, K)^T in x's dtype (a projection; the Triton backend reads the weight at
+        memory speed for the few rows of a decode step)."""
+        ...
+
     def silu_mul(self, x: Tensor) -> Tensor:
         """(M, 2F) -> (M, F): silu(x[:, :F]) * x[:, F:]."""
         ...

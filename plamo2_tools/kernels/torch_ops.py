@@ -32,6 +32,10 @@ def head_rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     return _rms(x, weight, eps).to(x.dtype)
 
 
+def linear(x: Tensor, weight: Tensor) -> Tensor:
+    return F.linear(x, weight)
+
+
 def silu_mul(x: Tensor) -> Tensor:
     gate, up = x.float().chunk(2, dim=-1)
     return (F.silu(gate) * up).to(x.dtype)

@@ -8,6 +8,7 @@ from plamo2_tools.kernels import torch_ops
 from plamo2_tools.kernels.attention import decode_attention
 from plamo2_tools.kernels.conv1d import causal_conv1d, causal_conv1d_update
 from plamo2_tools.kernels.fused import bcdt_rms_norm, norm_add_norm, qk_norm_rope
+from plamo2_tools.kernels.gemv import linear
 from plamo2_tools.kernels.norm import head_rms_norm, rms_norm
 from plamo2_tools.kernels.ssd import ssd_chunk_scan
 from plamo2_tools.kernels.state_update import ssd_state_update
@@ -19,6 +20,7 @@ __all__ = [
     "causal_conv1d",
     "causal_conv1d_update",
     "head_rms_norm",
+    "linear",
     "norm_add_norm",
     "qk_norm_rope",
     "rms_norm",

@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
-import torch.nn.functional as F
 
 from ..parallel import RankInfo
 
@@ -150,7 +149,7 @@ class PlamoLayer:
             h, residual = ops.norm_add_norm(h, pending, residual, norms["pre_mixer_norm"], eps)
         h = self.mixer(h, batch, state, context)
         h, residual = ops.norm_add_norm(h, norms["post_mixer_norm"], residual, norms["pre_mlp_norm"], eps)
-        h = self.comm.all_reduce(F.linear(ops.silu_mul(F.linear(h, self.gate_up)), self.down))
+        h = self.comm.all_reduce(ops.linear(ops.silu_mul(ops.linear(h, self.gate_up)), self.down))
         return h, residual
 
 
@@ -239,7 +238,7 @@ class RankModel:
         h, _ = self.ops.norm_add_norm(h, pending, residual, self.final_norm, self.eps)
         if batch.logits_index is not None:
             h = h[batch.logits_index]
-        logits = self.comm.all_gather(F.linear(h, self.lm_head).float(), dim=-1)
+        logits = self.comm.all_gather(self.ops.linear(h, self.lm_head).float(), dim=-1)
         return (logits[:, : self.cfg.vocab_size],)
 
 

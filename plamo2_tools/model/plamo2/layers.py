@@ -9,7 +9,6 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from ..forward import (
     Batch,
@@ -53,15 +52,15 @@ class MambaMixer:
     def __call__(self, a: Tensor, batch: Batch, state: LayerState, context: dict[Any, Any]) -> Tensor:
         ops, cfg = self.ops, self.cfg
         T, d, eps = a.shape[0], cfg.hidden_size_per_head, cfg.rms_norm_eps
-        zx = F.linear(a, self.in_proj)
+        zx = ops.linear(a, self.in_proj)
         z, x = zx[:, : self.inner], zx[:, self.inner :]  # the conv kernels take a row stride: no copy
         if batch.decode:
             x = ops.causal_conv1d_update(x, state.conv, self.conv)
         else:
             x = ops.causal_conv1d(x, self.conv, batch.cu_seqlens, state.conv, batch.has_state)
-        bcdt = self.comm.all_reduce(F.linear(x, self.bcdt_proj))
+        bcdt = self.comm.all_reduce(ops.linear(x, self.bcdt_proj))
         B, C, dt = ops.bcdt_rms_norm(bcdt, self.B_norm, self.C_norm, self.dt_norm, eps)  # one launch, not six
-        dt = F.linear(dt, self.dt_proj)
+        dt = ops.linear(dt, self.dt_proj)
         x, z = x.view(T, self.heads, d), z.reshape(T, self.heads, d)
         if batch.decode:
             y = ops.ssd_state_update(state.ssm, x, dt, self.A, B, C, self.D, z, self.dt_bias)
@@ -71,7 +70,7 @@ class MambaMixer:
                 initial_state=state.ssm, chunk_size=cfg.mamba_chunk_size,
             )  # fmt: skip
             state.ssm.copy_(final)
-        return self.comm.all_reduce(F.linear(y.reshape(T, self.inner), self.out_proj))
+        return self.comm.all_reduce(ops.linear(y.reshape(T, self.inner), self.out_proj))
 
 
 class AttentionMixer:
@@ -96,11 +95,11 @@ class AttentionMixer:
         T, d = a.shape[0], cfg.hidden_size_per_head
         # q/k norms, RoPE (fp32 tables) and the K/V cache writes in one launch (about 16 unfused).
         q = ops.qk_norm_rope(
-            F.linear(a, self.qkv_proj), self.q_norm, self.k_norm, cfg.rms_norm_eps, *context[self.rope_base],
+            ops.linear(a, self.qkv_proj), self.q_norm, self.k_norm, cfg.rms_norm_eps, *context[self.rope_base],
             state.k, state.v, batch.seq_index, batch.positions,
         )  # fmt: skip
         o = ops.attention(q, state.k, state.v, batch.cu_seqlens, batch.kv_lens, self.scale, self.window)
-        return self.comm.all_reduce(F.linear(o.reshape(T, self.q_heads * d), self.o_proj))
+        return self.comm.all_reduce(ops.linear(o.reshape(T, self.q_heads * d), self.o_proj))
 
 
 class Plamo2RankModel(RankModel):

@@ -10,7 +10,6 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from ..forward import (
     Batch,
@@ -48,13 +47,13 @@ class AttentionMixer:
         return kv_state(batch, capacity, self.kv_heads, self.cfg.head_dim, dtype, device)
 
     def __call__(self, a: Tensor, batch: Batch, state: LayerState, context: dict[Any, Any]) -> Tensor:
-        T, d = a.shape[0], self.cfg.head_dim
-        q = self.ops.qk_norm_rope(
-            F.linear(a, self.qkv_proj), self.q_norm, self.k_norm, self.cfg.rms_norm_eps, *context[self.rope_kind],
+        T, d, ops = a.shape[0], self.cfg.head_dim, self.ops
+        q = ops.qk_norm_rope(
+            ops.linear(a, self.qkv_proj), self.q_norm, self.k_norm, self.cfg.rms_norm_eps, *context[self.rope_kind],
             state.k, state.v, batch.seq_index, batch.positions,
         )  # fmt: skip
         o = self.ops.attention(q, state.k, state.v, batch.cu_seqlens, batch.kv_lens, self.scale, self.window)
-        return self.comm.all_reduce(F.linear(o.reshape(T, self.q_heads * d), self.o_proj))
+        return self.comm.all_reduce(self.ops.linear(o.reshape(T, self.q_heads * d), self.o_proj))
 
 
 class Plamo3RankModel(RankModel):
