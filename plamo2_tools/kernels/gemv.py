@@ -35,9 +35,19 @@ else:
                              (16, 512, 8, 2), (4, 1024, 8, 2), (2, 1024, 4, 3))
     ]  # fmt: skip
 _CACHE_RESULTS = {"cache_results": True} if "cache_results" in inspect.signature(triton.autotune).parameters else {}
+_MAX_TILE = 16384  # x-times-W products held per program (BLOCK_M * BLOCK_N * BLOCK_K): past this they spill
 
 
-@triton.autotune(configs=_CONFIGS, key=["BLOCK_M", "N", "K"], **({} if _INTERPRET else _CACHE_RESULTS))
+def _prune(configs: list, named_args: dict, **kwargs: object) -> list:
+    """Configurations whose product tile fits in registers for this row count (fewer to compile and
+    time at warm-up, and none that would spill)."""
+    bm = named_args.get("BLOCK_M", kwargs.get("BLOCK_M", 1))
+    fit = [c for c in configs if bm * c.kwargs["BLOCK_N"] * c.kwargs["BLOCK_K"] <= _MAX_TILE]
+    return fit or configs[:1]
+
+
+@triton.autotune(configs=_CONFIGS, key=["BLOCK_M", "N", "K"], prune_configs_by={"early_config_prune": _prune},
+                 **({} if _INTERPRET else _CACHE_RESULTS))  # fmt: skip
 @triton.jit
 def _gemv_kernel(
     x_ptr, w_ptr, y_ptr, M, N, K, sx, sw, sy,
