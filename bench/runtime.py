@@ -1,16 +1,28 @@
-"""Runtime throughput on one GPU: decode tokens/s per batch size with CUDA graphs, eager, and the
-PyTorch path, against the weight-read floor computed from copy bandwidth measured in the same run;
-prefill tokens/s for a few lengths.
+"""Runtime throughput through the public API (`Runtime.generate`): decode tokens/s per batch size,
+prefill tokens/s of one sequence and of many packed into one forward, and a GSM8K-shaped
+continuous-batching run split into its phases.
 
     python bench/runtime.py SHARDS --out bench_runtime.json [--decode 1,8,64,256]
-        [--modes triton-graphs,triton-eager,torch-eager] [--prefill 2048,8192,32768] [--label 1b]
+        [--modes triton-graphs,triton-eager,torch-eager] [--prefill 2048,8192,32768] [--packed 1336]
+        [--schedule 1319] [--batch auto] [--label 1b] [--device cuda]
 
-Decode is measured the way users run it: `Runtime.generate` (continuous-batching loop, tokens
-chosen on the GPU, host looking every 8 steps) on `batch` random prompts of `--context` tokens,
-timed for N and for 1 new token; tokens/s = batch * (N - 1) / (t_N - t_1), so prefill and set-up
-cancel.  The floor: every decode step reads every weight once (the embedding only for its rows)
-plus each sequence's recurrent state (read and written) and its visible KV cache; at the measured
-device-to-device copy rate (bytes read + written) that gives the best possible step time.
+Decode: `batch` random prompts of `--context` tokens, timed for N + 1 and for 1 new token;
+tokens/s = batch * N / (t_{N+1} - t_1), so prefill and set-up cancel.  Against the weight-read
+floor: every decode step reads every weight once (the embedding only for its rows) plus each
+sequence's recurrent state (read and written) and its visible KV cache, at the device-to-device
+copy rate measured in the same run (CUDA only).
+
+Prefill: device time of the prefill forwards of one `generate(..., 1)` call (the runtime's
+`PhaseTimer`), for one prompt of T tokens ("prefill", as before) and for about T tokens as T / L
+prompts of L = min(`--packed`, T / 4) tokens in one forward ("prefill-packed"), after a warm-up of
+each shape.
+
+Schedule: `--schedule` requests shaped like GSM8K 5-shot (prompts of 1,336 +- 30% tokens, the mean
+of the real run; answers of 64-256 tokens, since a random model never stops on its own) through
+one `generate` call with `--batch` slots ("auto": as memory allows): wall time, device time of
+prefill and decode, the effective prefill rate of the first fill and of refills, and the loop's
+own counters (forwards, tokens per forward, groups, padding, stalled forwards).  One record
+`phase: schedule`.
 """
 
 from __future__ import annotations
@@ -25,10 +37,12 @@ from typing import Any
 import torch
 
 from plamo2_tools.runtime.serving.engine import Runtime
+from plamo2_tools.runtime.serving.generation import LoopStats, PhaseTimer
 
 KIND = "plamo2-bench-runtime"
 # Version 1 records (backend, phase, batch | tokens, tokens_per_s) plus fields the report reads
-# when present: mode, floor_tokens_per_s, copy_bandwidth_GBps, floor, label.
+# when present: mode, floor_tokens_per_s, copy_bandwidth_GBps, floor, label.  Phases the report
+# does not draw ("prefill-packed", "schedule") carry the same keys.
 SCHEMA_VERSION = 1
 MODES = {  # name -> (kernel backend, CUDA graphs)
     "triton-graphs": ("triton", True),
@@ -36,6 +50,7 @@ MODES = {  # name -> (kernel backend, CUDA graphs)
     "torch-graphs": ("torch", True),
     "torch-eager": ("torch", False),
 }
+GSM8K_PROMPT_TOKENS = 1336  # mean 5-shot prompt of the full H200 run (1,762,308 tokens / 1,319)
 
 
 def _sync() -> None:
@@ -74,7 +89,7 @@ def model_bytes(rt: Runtime) -> dict[str, int]:
         if t is not None and t.data_ptr() not in seen:
             seen.add(t.data_ptr())
             weights += t.numel() * t.element_size()
-    states = eng._states(1, 1)
+    states = eng.new_states(1, 1)
     ssm = sum(st.ssm.numel() * st.ssm.element_size() + st.conv.numel() * st.conv.element_size()
               for st in states.values() if st.ssm is not None)  # fmt: skip
     kv_token = sum(2 * st.k.numel() * st.k.element_size() for st in states.values() if st.k is not None)
@@ -86,9 +101,13 @@ def floor_tokens_per_s(bytes_: dict[str, int], bandwidth: float, batch: int, con
     return batch * bandwidth / step_bytes
 
 
+def random_prompts(vocab: int, lengths: list[int], seed: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, vocab, (n,), generator=g).tolist() for n in lengths]
+
+
 def decode_tokens_per_s(rt: Runtime, batch: int, context: int, steps: int) -> dict[str, float]:
-    g = torch.Generator().manual_seed(batch)
-    prompts = [torch.randint(3, rt.config.vocab_size, (context,), generator=g).tolist() for _ in range(batch)]
+    prompts = random_prompts(rt.config.vocab_size, [context] * batch, batch)
 
     def timed(n: int) -> float:
         _sync()
@@ -104,36 +123,123 @@ def decode_tokens_per_s(rt: Runtime, batch: int, context: int, steps: int) -> di
     return {"tokens_per_s": batch / per_step, "step_ms": 1000 * per_step, "first_call_s": t_warm}
 
 
-def prefill_tokens_per_s(rt: Runtime, T: int, repeats: int = 3) -> float:
+def timed_prefill(rt: Runtime, prompts: list[list[int]], repeats: int = 3) -> dict[str, float]:
+    """Median device time of the prefill forwards of one generate(prompts, 1) call (after a warm-up
+    call of the same shape), and how many forwards it took."""
     eng = rt.engines[0]
-    g = torch.Generator().manual_seed(0)
-    prompt = torch.randint(3, eng.cfg.vocab_size, (T,), generator=g).tolist()
-    times = []
-    for _ in range(repeats + 1):  # the first run warms up (Triton compile, autotune, allocator)
-        states = eng._states(1, T)
-        batch = eng._batch([prompt], [0], decode=False, logits_index=[T - 1])
+    seconds, forwards = [], 0
+    for i in range(repeats + 1):
+        timer = PhaseTimer()
+        eng.timer = timer
+        try:
+            rt.generate(prompts, 1, max_batch=len(prompts))
+        finally:
+            eng.timer = None
         _sync()
-        t0 = time.perf_counter()
-        eng.model.forward(batch, states)
+        if i:
+            seconds.append(timer.seconds()["prefill"])
+            forwards = len(timer.forwards)
+    tokens = sum(map(len, prompts))
+    median = statistics.median(seconds)
+    return {"tokens": tokens, "sequences": len(prompts), "seconds": median, "tokens_per_s": tokens / median,
+            "forwards": forwards}  # fmt: skip
+
+
+def prefill_records(rt: Runtime, sizes: list[int], packed: int, backend: str) -> list[dict[str, Any]]:
+    V = rt.config.vocab_size
+    out = []
+    for T in sizes:
+        single = timed_prefill(rt, random_prompts(V, [T], T))
+        out.append({"backend": backend, "mode": "eager", "phase": "prefill", "tokens": T,
+                    "tokens_per_s": single["tokens_per_s"], "seconds": single["seconds"]})  # fmt: skip
+        L = max(1, min(packed, T // 4))  # at least 4 prompts in the forward
+        n = T // L
+        many = timed_prefill(rt, random_prompts(V, [L] * n, T + 1))
+        out.append({"backend": backend, "mode": "eager", "phase": "prefill-packed", **many,
+                    "prompt_tokens": L, "vs_single": many["tokens_per_s"] / single["tokens_per_s"]})  # fmt: skip
+        print(f"{backend:7s} prefill T={T:6d}: one sequence {single['tokens_per_s']:10.0f} tok/s, "
+              f"{n} x {L} packed {many['tokens_per_s']:10.0f} tok/s ({many['forwards']} forward(s))",
+              flush=True)  # fmt: skip
+    return out
+
+
+def gsm8k_shaped(vocab: int, n: int, mean: int, seed: int = 0) -> tuple[list[list[int]], list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    spread = 3 * mean // 10  # GSM8K's 5-shot prompts: about +-30% around the mean
+    lengths = (mean + torch.randint(-spread, spread + 1, (n,), generator=g)).clamp_min(1).tolist()
+    answers = torch.randint(64, 257, (n,), generator=g).tolist()
+    return random_prompts(vocab, lengths, seed + 1), answers
+
+
+def schedule_record(rt: Runtime, n: int, batch: int | str, mean: int, backend: str, mode: str) -> dict[str, Any]:
+    """A GSM8K-shaped run through one generate call, split into phases (see the module doc)."""
+    eng = rt.engines[0]
+    prompts, answers = gsm8k_shaped(rt.config.vocab_size, n, mean)
+    capacity = max(len(p) + a for p, a in zip(prompts, answers, strict=True))
+    slots = rt.auto_batch_size(capacity).slots if batch == "auto" else int(batch)
+    slots = min(slots, n)
+    # Warm-up outside the clock: the pool and its graphs for this call, and prefill forwards of the
+    # sizes the run will make (kernel compilation, the SSD kernels' per-shape pick).
+    rt.prepare_decode(slots, capacity)
+    warm = min(n, 2 * slots)
+    rt.generate(prompts[:warm], 4, max_batch=slots)
+    _sync()
+    timer = PhaseTimer()
+    eng.timer, eng.stats = timer, LoopStats()  # this call's counters only
+    t0 = time.perf_counter()
+    try:
+        gen = rt.generate(prompts, answers, max_batch=slots)
         _sync()
-        times.append(time.perf_counter() - t0)
-    return T / statistics.median(times[1:])
+    finally:
+        eng.timer = None
+    wall = time.perf_counter() - t0
+    device = timer.seconds()
+    forwards = timer.forward_seconds()
+    stats = eng.stats
+
+    def rate(rows: list[tuple[int, int, bool, float]]) -> float | None:
+        secs = sum(r[3] for r in rows)
+        return sum(r[0] for r in rows) / secs if secs else None
+
+    first = [f for f in forwards if not f[2]]
+    refill = [f for f in forwards if f[2]]
+    generated = sum(map(len, gen.tokens))
+    record = {
+        "backend": backend, "mode": mode, "phase": "schedule", "batch": gen.slots, "requests": n,
+        "tokens_per_s": generated / wall, "wall_seconds": wall,
+        "prompt_tokens": sum(map(len, prompts)), "generated_tokens": generated,
+        "prefill_device_seconds": device["prefill"], "decode_device_seconds": device["decode"],
+        "host_other_seconds": wall - device["prefill"] - device["decode"],
+        "prefill_tokens_per_s": rate(forwards), "prefill_tokens_per_s_first_fill": rate(first),
+        "prefill_tokens_per_s_refill": rate(refill), "refill_forwards": len(refill),
+        "decode_steps_per_s": stats.decode_steps / device["decode"] if device["decode"] else None,
+        "loop": stats.summary(),
+        "auto_batch": rt.batch_plan.to_dict() if batch == "auto" and rt.batch_plan else None,
+    }  # fmt: skip
+    rates = [record[k] or 0 for k in ("prefill_tokens_per_s", "prefill_tokens_per_s_refill")]
+    print(f"{backend:7s} schedule: {n} requests in {wall:.1f} s ({gen.slots} slots): prefill {device['prefill']:.2f} s "
+          f"at {rates[0]:,.0f} tok/s (refills {rates[1]:,.0f}), decode {device['decode']:.2f} s, {stats.summary()}",
+          flush=True)  # fmt: skip
+    return record
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    bandwidth = copy_bandwidth()
+    cuda = args.device.startswith("cuda")
+    bandwidth = copy_bandwidth() if cuda else None
     results: dict[str, Any] = {
         "kind": KIND,
         "schema_version": SCHEMA_VERSION,
         "label": args.label,
         "shards": str(args.shards),
-        "gpu": torch.cuda.get_device_name(0),
+        "gpu": torch.cuda.get_device_name(0) if cuda else "cpu",
         "torch": torch.__version__,
-        "copy_bandwidth_GBps": bandwidth / 1e9,
         "context": args.context,
         "decode_steps": args.steps,
         "runs": [],
     }
+    if bandwidth is not None:
+        results["copy_bandwidth_GBps"] = bandwidth / 1e9
+        print(f"copy bandwidth (read + write): {bandwidth / 1e9:.0f} GB/s", flush=True)
     if args.profile is not None and args.profile.exists():
         prof = json.loads(args.profile.read_text())
         results["profile_decode"] = {
@@ -142,36 +248,42 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "batches": {b: {**{k: v for k, v in p.items() if k != "kernels"}, "top_kernels": p["kernels"][:12]}
                         for b, p in prof.items()},
         }  # fmt: skip
-    print(f"copy bandwidth (read + write): {bandwidth / 1e9:.0f} GB/s", flush=True)
-    for mode in args.modes.split(","):
+    batch: int | str = args.batch if args.batch == "auto" else int(args.batch)
+    for i, mode in enumerate(args.modes.split(",")):
         backend, graphs = MODES[mode]
-        with Runtime(args.shards, device="cuda", backend=backend, mode="local", cuda_graph=graphs) as rt:
-            if "floor" not in results:
+        with Runtime(args.shards, device=args.device, backend=backend, mode="local", cuda_graph=graphs) as rt:
+            if bandwidth is not None and "floor" not in results:
                 b = model_bytes(rt)
-                window = rt.config.attention_window_size + 1
                 results["bytes"] = b
                 results["floor"] = {
                     "weight_read_ms": 1000 * b["weights"] / bandwidth,
                     "weight_read_tokens_per_s_batch1": bandwidth / b["weights"],
                 }
+            window = rt.config.attention_window_size + 1
             ctx = args.context + args.steps // 2  # mean visible context over the timed steps
-            for B in map(int, args.decode.split(",")):
+            for B in map(int, filter(None, args.decode.split(","))):
                 r = decode_tokens_per_s(rt, B, args.context, args.steps)
-                floor = floor_tokens_per_s(results["bytes"], bandwidth, B, ctx, window)
-                rec = {"backend": backend, "mode": "graphs" if graphs else "eager", "phase": "decode", "batch": B,
-                       **r, "floor_tokens_per_s": floor, "fraction_of_floor": r["tokens_per_s"] / floor}  # fmt: skip
+                rec = {"backend": backend, "mode": "graphs" if graphs else "eager", "phase": "decode", "batch": B, **r}
+                if bandwidth is not None:
+                    floor = floor_tokens_per_s(results["bytes"], bandwidth, B, ctx, window)
+                    rec.update(floor_tokens_per_s=floor, fraction_of_floor=r["tokens_per_s"] / floor)
                 results["runs"].append(rec)
-                print(f"{mode:14s} decode B={B:4d}: {r['tokens_per_s']:10.0f} tok/s  {r['step_ms']:7.3f} ms/step  "
-                      f"floor {floor:10.0f} ({rec['fraction_of_floor']:.0%})", flush=True)  # fmt: skip
+                floor_text = (
+                    f"  floor {rec['floor_tokens_per_s']:10.0f} ({rec['fraction_of_floor']:.0%})" if bandwidth else ""
+                )
+                speed = f"{r['tokens_per_s']:10.0f} tok/s  {r['step_ms']:7.3f} ms/step"
+                print(f"{mode:14s} decode B={B:4d}: {speed}{floor_text}", flush=True)
                 args.out.write_text(json.dumps(results, indent=2) + "\n")
             if graphs or backend == "torch":
-                for T in map(int, filter(None, args.prefill.split(","))):
-                    tps = prefill_tokens_per_s(rt, T)
-                    rec = {"backend": backend, "mode": "eager", "phase": "prefill", "tokens": T, "tokens_per_s": tps}
-                    results["runs"].append(rec)
-                    print(f"{mode:14s} prefill T={T:6d}: {tps:10.0f} tok/s", flush=True)
+                sizes = list(map(int, filter(None, args.prefill.split(","))))
+                results["runs"] += prefill_records(rt, sizes, args.packed, backend)
+                args.out.write_text(json.dumps(results, indent=2) + "\n")
+            if args.schedule and i == 0:  # the first (fastest) mode only
+                how = "graphs" if graphs else "eager"
+                results["runs"].append(schedule_record(rt, args.schedule, batch, args.prompt_tokens, backend, how))
             args.out.write_text(json.dumps(results, indent=2) + "\n")
-        torch.cuda.empty_cache()
+        if cuda:
+            torch.cuda.empty_cache()
     return results
 
 
@@ -180,11 +292,16 @@ def main() -> None:
     ap.add_argument("shards", type=Path)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--label", default="")
+    ap.add_argument("--device", default="cuda")
     ap.add_argument("--modes", default="triton-graphs,triton-eager,torch-eager")
     ap.add_argument("--decode", default="1,8,64,256")
-    ap.add_argument("--prefill", default="2048,8192,32768")
+    ap.add_argument("--prefill", default="2048,8192,32768", help="prefill sizes T (tokens per call)")
+    ap.add_argument("--packed", type=int, default=GSM8K_PROMPT_TOKENS, help="prompt length L of the packed prefill")
     ap.add_argument("--context", type=int, default=256)
     ap.add_argument("--steps", type=int, default=128)
+    ap.add_argument("--schedule", type=int, default=0, help="requests of the GSM8K-shaped run (0: none)")
+    ap.add_argument("--prompt-tokens", type=int, default=GSM8K_PROMPT_TOKENS, help="its mean prompt length")
+    ap.add_argument("--batch", default="auto", help="slots of the GSM8K-shaped run: a number or auto")
     ap.add_argument("--profile", type=Path, default=None, help="embed bench/profile_decode.py's JSON")
     run(ap.parse_args())
 

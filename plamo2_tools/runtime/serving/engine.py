@@ -282,6 +282,10 @@ class RankEngine(RankCore):
         finally:
             self.stats.merge(self.serving_stats)
 
+    def prepare_decode(self, slots: int, capacity: int, modes: Sequence[str]) -> None:
+        """Make the slot pool and capture its decode graphs now (a warm-up), not in a later call."""
+        self._runner(slots, capacity).prepare(modes, slots)
+
     def bytes_per_rank(self, capacity: int) -> tuple[int, int]:
         """(bytes per decode slot, bytes held once) of this rank's generation at this capacity."""
         return rank_bytes(self, capacity)
@@ -467,6 +471,13 @@ class Runtime:
         if self.mode == "dist":
             self.batch_plan = self.engines[0].last_plan or self.batch_plan
         return gen
+
+    def prepare_decode(self, slots: int, capacity: int, modes: Sequence[str] = ("greedy",)) -> None:
+        """Warm-up: allocate a pool of `slots` decode slots of `capacity` tokens and capture the decode
+        graphs of every bucket for these sampling modes, so that later `generate` calls that fit it
+        start at once."""
+        self._not_online("prepare_decode")
+        self._spmd("prepare_decode", slots, capacity, list(modes))
 
     def auto_batch_size(self, capacity: int, memory_budget: int | None = None) -> BatchPlan:
         """How many decode slots of `capacity` tokens fit (`memory`); logged on rank 0 and kept in
