@@ -252,9 +252,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     for i, mode in enumerate(args.modes.split(",")):
         backend, graphs = MODES[mode]
         with Runtime(args.shards, device=args.device, backend=backend, mode="local", cuda_graph=graphs) as rt:
+            if "bytes" not in results:
+                results["bytes"] = model_bytes(rt)
             if bandwidth is not None and "floor" not in results:
-                b = model_bytes(rt)
-                results["bytes"] = b
+                b = results["bytes"]
                 results["floor"] = {
                     "weight_read_ms": 1000 * b["weights"] / bandwidth,
                     "weight_read_tokens_per_s_batch1": bandwidth / b["weights"],

@@ -70,16 +70,24 @@ def test_thread_ranks_share_the_device_and_torchrun_ranks_take_the_smallest(shar
     assert plan.per_slot_bytes == sum(a for a, _ in per_rank) and plan.fixed_bytes == sum(b for _, b in per_rank)
     assert plan.slots == plan_batch(plan.per_slot_bytes, plan.fixed_bytes, budget, capacity).slots
     # torchrun: one device per rank, every rank runs the smallest pool any rank can hold.
-    want = min(plan_batch(a, b, budget, capacity).slots for a, b in per_rank)
-    assert want > plan.slots
+    budget = max(b for _, b in per_rank) + 40 * max(a for a, _ in per_rank)  # per device, not for all ranks
+    own = [plan_batch(a, b, budget, capacity).slots for a, b in per_rank]
+    want = min(own)
+    assert want >= 40 and len(set(own)) > 1  # the ranks would disagree on their own
     env = {"PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
     runtime = {"shards": str(path), "backend": "torch"}
     got = run_job(auto_slots_job, runtime, {"capacity": capacity, "budget": budget}, launch=True, extra_env=env)
-    assert got == want
+    assert got == [want] * len(per_rank)
 
 
-def auto_slots_job(rt: Runtime, capacity: int, budget: int) -> int:
-    return rt.auto_batch_size(capacity, budget).slots
+def auto_slots_job(rt: Runtime, capacity: int, budget: int) -> list[int]:
+    """Every rank's answer (gathered to rank 0)."""
+    import torch.distributed as dist
+
+    slots = rt.auto_batch_size(capacity, budget).slots
+    out: list[int] = [0] * dist.get_world_size()
+    dist.all_gather_object(out, slots)
+    return out
 
 
 @pytest.mark.parametrize("bad", ["many", "autox"])

@@ -24,6 +24,7 @@ def test_bench_runtime_on_cpu(shards, tmp_path: Path) -> None:
         "--schedule", "24", "--prompt-tokens", "20", "--batch", "6", "--out", out)  # fmt: skip
     data = json.loads(out.read_text())
     assert (data["kind"], data["schema_version"]) == ("plamo2-bench-runtime", 1)
+    assert data["bytes"]["weights"] > 0 and data["bytes"]["kv_per_token"] > 0  # what the floor is made of
     phases = [r["phase"] for r in data["runs"]]
     assert phases == ["decode", "decode", "prefill", "prefill-packed", "schedule"]
     packed = data["runs"][3]

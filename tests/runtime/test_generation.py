@@ -11,7 +11,7 @@ import torch
 
 from plamo2_tools.runtime.serving import generation
 from plamo2_tools.runtime.serving.engine import Runtime
-from plamo2_tools.runtime.serving.sampling import request_key, select_tokens, uniforms
+from plamo2_tools.runtime.serving.sampling import MODES, mode_of, request_key, select_rows, select_tokens, uniforms
 from plamo2_tools.runtime.serving.scheduler import Request, Scheduler
 
 LENGTHS = [3, 30, 9, 17, 1, 45]  # ragged, one single-token prompt
@@ -187,3 +187,25 @@ def test_scheduler_refills_the_lowest_slot_and_closes_at_the_earliest_stop() -> 
     assert sched.slot_owner == [None, None]
     assert [r.index for r in sched.admit(token_budget=3)] == [2]  # budget: 3 + 4 prompt tokens > 3
     assert reqs[2].slot == 0
+
+
+def test_a_rows_token_depends_only_on_its_own_settings() -> None:
+    """Per-slot sampling: each row of a mixed batch (greedy, plain, nucleus) picks what select_tokens
+    picks for that row alone with its own setting, in every mode that covers the batch."""
+    g = torch.Generator().manual_seed(3)
+    settings = [(0.0, 1.0), (0.7, 1.0), (1.5, 1.0), (0.9, 0.6), (2.0, 0.95), (0.0, 0.3), (1.2, 1.0), (0.5, 0.8)]
+    B, V = len(settings), 50
+    temps = torch.tensor([t for t, _ in settings])
+    tops = torch.tensor([p for _, p in settings])
+    for step in range(200):
+        logits = torch.randn(B, V, generator=g) * 0.5  # flat: the nucleus cuts often
+        keys = torch.tensor([request_key(9, i) for i in range(B)])
+        steps = torch.full((B,), step)
+        alone = [int(select_tokens(logits[i : i + 1], keys[i : i + 1], steps[i : i + 1], t, p)) for i, (t, p) in
+                 enumerate(settings)]  # fmt: skip
+        assert select_rows(logits, keys, steps, temps, tops, "top_p").tolist() == alone
+        plain = [i for i, (t, p) in enumerate(settings) if mode_of(t, p) != "top_p"]
+        idx = torch.tensor(plain)
+        got = select_rows(logits[idx], keys[idx], steps[idx], temps[idx], tops[idx], "sample").tolist()
+        assert got == [alone[i] for i in plain]
+    assert MODES == ("greedy", "sample", "top_p")

@@ -117,6 +117,7 @@ def test_stop_strings_and_prompt_logprobs_per_request(shards) -> None:
         assert stop and stop in text
         want = rt.generate([prompt], 30, stop=StopStringWatcher(decode, [stop])).tokens[0]
         scores = rt.token_scores([prompt], [1], 3)[0]
+        ref_logits = rt.prompt_logits([prompt])[0]
         with OnlineLoop(rt, max_batch=4, max_context=64, eos_token_ids=[]) as loop:
             plain = loop.submit(OnlineRequest("plain", tuple(prompt), 30, temperature=0.0))
             cut = loop.submit(OnlineRequest("cut", tuple(prompt), 30, temperature=0.0, stop=(stop, "never there")))
@@ -129,9 +130,15 @@ def test_stop_strings_and_prompt_logprobs_per_request(shards) -> None:
     assert cut.final.finish_reason == "stop" and cut.final.stop_reason == stop
     lp = events[0].prompt_logprobs
     assert lp is not None and events[0].token_ids == () and len(lp.logprobs) == len(prompt) - 1
-    assert torch.allclose(torch.tensor(lp.logprobs, dtype=torch.float64), scores.logprobs)
-    assert [t[0][0] for t in lp.top] == scores.top_ids[:, 0].tolist()
-    assert all(t[0][1] >= x for t, x in zip(lp.top, lp.logprobs, strict=True))  # the token's logprob <= the best
+    # Against the log-softmax of the prompt's logits, computed here from prompt_logits.
+    ref = ref_logits[:-1].double().log_softmax(-1)
+    want_lp = ref.gather(-1, torch.tensor(prompt[1:])[:, None])[:, 0]
+    assert torch.allclose(torch.tensor(lp.logprobs, dtype=torch.float64), want_lp, atol=1e-5)
+    top = ref.topk(3, dim=-1)
+    assert [[i for i, _ in t] for t in lp.top] == top.indices.tolist()
+    assert torch.allclose(torch.tensor([[v for _, v in t] for t in lp.top], dtype=torch.float64), top.values, atol=1e-5)
+    greedy = [p == t[0][0] for p, t in zip(prompt[1:], lp.top, strict=True)]
+    assert [x == t[0][1] for x, t in zip(lp.logprobs, lp.top, strict=True)] == greedy  # lm-eval's greedy test
     assert echo.tokens == free[:1] and echo.final.finish_reason == "length"
     assert torch.equal(during.logprobs, scores.logprobs) and torch.equal(during.top_ids, scores.top_ids)
 
