@@ -11,13 +11,14 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --tar
   && export PYTHONPATH=/tmp/site:$PYTHONPATH
 P="python3 -m plamo2_tools.cli"
 step() { local name=$1 limit=$2; shift 2; local t0=$SECONDS
+  [[ -z "${ONLY:-}" || ",$ONLY," == *",$name,"* ]] || return 0
   timeout "$limit" "$@" > "$OUT/r/$name.log" 2>&1; echo "== $name rc=$? in $((SECONDS - t0)) s"
   tail -n "${TAIL:-8}" "$OUT/r/$name.log"; tar czf "$OUT/call1.tar.gz" -C "$OUT" r; }  # whatever ran comes back
 {
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader; nproc
 python3 -c 'import torch, triton, lm_eval; print("torch", torch.__version__, "triton", triton.__version__)'
-step synth 90 $P synth $W/src --preset plamo-2-1b --dtype bfloat16 --json
-step convert 40 $P convert $W/src $W/1b --json
+[ -d $W/1b ] || step synth 90 $P synth $W/src --preset plamo-2-1b --dtype bfloat16 --json
+[ -d $W/1b ] || step convert 40 $P convert $W/src $W/1b --json
 TAIL=15 step pytest-gemv 60 python3 -m pytest -q -p no:cacheprovider -m gpu -rfE tests/kernels/test_gemv.py
 TAIL=10 step pytest-graphs-tiny 50 python3 -m pytest -q -p no:cacheprovider -m gpu -rfE tests/runtime/test_graphs_gpu.py
 PLAMO2_GPU_TEST_SHARDS=$W/1b TAIL=10 step pytest-graphs-1b 70 python3 -m pytest -q -p no:cacheprovider -m gpu -rfE tests/runtime/test_graphs_gpu.py

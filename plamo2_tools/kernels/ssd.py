@@ -502,19 +502,19 @@ def _gpu_ms(fn, reps: int = 4) -> float:
     return start.elapsed_time(end)
 
 
-_tune_cache: TuneCache | None = None
+_TUNE_CACHE: TuneCache | None = None
 
 
 def _tune_cache(device: torch.device) -> TuneCache:
     """The machine's record of earlier decisions (kernels/tune_cache.py): valid only for exactly
     this software and this GPU."""
-    global _tune_cache
-    if _tune_cache is None:
+    global _TUNE_CACHE
+    if _TUNE_CACHE is None:
         props = torch.cuda.get_device_properties(device)
         identity = {"plamo2_tools": __version__, "torch": torch.__version__, "triton": triton.__version__,
                     "device": props.name, "capability": f"{props.major}.{props.minor}"}  # fmt: skip
-        _tune_cache = TuneCache("ssd_chunk_scan", identity)
-    return _tune_cache
+        _TUNE_CACHE = TuneCache("ssd_chunk_scan", identity)
+    return _TUNE_CACHE
 
 
 def _known_choice(value: object) -> bool:
