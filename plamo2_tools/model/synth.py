@@ -13,7 +13,9 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -103,7 +105,9 @@ def write_checkpoint(
 ) -> None:
     """Write config.json, safetensors file(s) (+ index when files > 1) and a tokenizer.
 
-    Tensors are generated and written one at a time, so memory stays at one tensor.
+    Tensors are generated a few at a time on a thread pool, ahead of the writer, in file order
+    (each has its own seeded generator, so the bytes do not depend on the threads), and written
+    one at a time: memory stays at the tensors in flight (one per worker plus one, each cast to `dtype`).
     """
     out.mkdir(parents=True, exist_ok=True)
     shapes = hf_tensor_shapes(cfg)
@@ -111,7 +115,11 @@ def write_checkpoint(
     files = max(1, min(files, len(names)))
     groups = [names[i * len(names) // files : (i + 1) * len(names) // files] for i in range(files)]
     specs = {n: (dtype, shapes[n]) for n in names}
-    write_hf_weights(out, groups, specs, lambda n: [(0, values(n, shapes[n]))], progress)
+    ahead = _Ahead(names, lambda n: values(n, shapes[n]).to(dtype))
+    try:
+        write_hf_weights(out, groups, specs, lambda n: [(0, ahead.take(n))], progress)
+    finally:
+        ahead.close()
     config = cfg.to_dict()
     config["torch_dtype"] = dtype_name(dtype)
     (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
@@ -120,6 +128,35 @@ def write_checkpoint(
     )
     if tokenizer:
         write_tokenizer(out, cfg.vocab_size, plamo3=config.get("model_type") == "plamo3")
+
+
+class _Ahead:
+    """Values of `names` made on a thread pool, at most one per worker plus one ahead of the one taken (torch's
+    kernels release the GIL, so the cores fill the tensors in parallel)."""
+
+    def __init__(self, names: list[str], make: Callable[[str], torch.Tensor]) -> None:
+        workers = max(1, min(8, (os.cpu_count() or 1)))
+        self.pool = ThreadPoolExecutor(workers, thread_name_prefix="plamo2-synth")
+        self.names, self.make, self.next = names, make, 0
+        self.futures: dict[str, Future] = {}
+        self.depth = workers + 1
+        self._refill()
+
+    def _refill(self) -> None:
+        while self.next < len(self.names) and len(self.futures) < self.depth:
+            name = self.names[self.next]
+            self.futures[name] = self.pool.submit(self.make, name)
+            self.next += 1
+
+    def take(self, name: str) -> torch.Tensor:
+        value = self.futures.pop(name).result()
+        self._refill()
+        return value
+
+    def close(self) -> None:
+        for f in self.futures.values():
+            f.cancel()
+        self.pool.shutdown(wait=True)
 
 
 TOKENIZER_FILES = ("tokenizer.jsonl", "tokenizer_config.json", "special_tokens_map.json")
