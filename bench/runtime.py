@@ -92,12 +92,24 @@ def model_bytes(rt: Runtime) -> dict[str, int]:
     states = eng.new_states(1, 1)
     ssm = sum(st.ssm.numel() * st.ssm.element_size() + st.conv.numel() * st.conv.element_size()
               for st in states.values() if st.ssm is not None)  # fmt: skip
-    kv_token = sum(2 * st.k.numel() * st.k.element_size() for st in states.values() if st.k is not None)
-    return {"weights": weights, "state_per_seq": 2 * ssm, "kv_per_token": kv_token}
+    kv = {i: 2 * st.k.numel() * st.k.element_size() for i, st in states.items() if st.k is not None}
+    return {"weights": weights, "state_per_seq": 2 * ssm, "kv_per_token": sum(kv.values()), "kv_per_layer": kv}
 
 
-def floor_tokens_per_s(bytes_: dict[str, int], bandwidth: float, batch: int, context: int, window: int) -> float:
-    step_bytes = bytes_["weights"] + batch * (bytes_["state_per_seq"] + bytes_["kv_per_token"] * min(context, window))
+def visible_kv_bytes(rt: Runtime, kv_per_layer: dict[int, int], context: int) -> int:
+    """KV bytes one sequence's decode step reads at this context: a sliding-window layer only its
+    window (PLaMo 2's `attention_window`, PLaMo 3's `window_keys`: keys besides the query's own)."""
+    cfg = rt.config
+
+    def keys(layer: int) -> int:
+        w = cfg.attention_window(layer) if hasattr(cfg, "attention_window") else cfg.window_keys(layer, "hf")
+        return context if w is None else min(context, w + 1)
+
+    return sum(b * keys(i) for i, b in kv_per_layer.items())
+
+
+def floor_tokens_per_s(bytes_: dict, bandwidth: float, batch: int, kv_seq: int) -> float:
+    step_bytes = bytes_["weights"] + batch * (bytes_["state_per_seq"] + kv_seq)
     return batch * bandwidth / step_bytes
 
 
@@ -260,13 +272,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     "weight_read_ms": 1000 * b["weights"] / bandwidth,
                     "weight_read_tokens_per_s_batch1": bandwidth / b["weights"],
                 }
-            window = rt.config.attention_window_size + 1
             ctx = args.context + args.steps // 2  # mean visible context over the timed steps
             for B in map(int, filter(None, args.decode.split(","))):
                 r = decode_tokens_per_s(rt, B, args.context, args.steps)
                 rec = {"backend": backend, "mode": "graphs" if graphs else "eager", "phase": "decode", "batch": B, **r}
                 if bandwidth is not None:
-                    floor = floor_tokens_per_s(results["bytes"], bandwidth, B, ctx, window)
+                    kv_seq = visible_kv_bytes(rt, results["bytes"]["kv_per_layer"], ctx)
+                    floor = floor_tokens_per_s(results["bytes"], bandwidth, B, kv_seq)
                     rec.update(floor_tokens_per_s=floor, fraction_of_floor=r["tokens_per_s"] / floor)
                 results["runs"].append(rec)
                 floor_text = (
