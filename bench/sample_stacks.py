@@ -1,8 +1,9 @@
 """Where a Python program's threads spend their time: a poor man's py-spy (the GPU host has none).
 
-    python bench/sample_stacks.py --out stacks.json [--interval 0.005] -- SCRIPT [ARGS...]
+    python bench/sample_stacks.py --out stacks.json [--interval 0.005] [--module] -- SCRIPT [ARGS...]
 
-Runs SCRIPT in this process (as `python SCRIPT ARGS` would, via runpy) while a daemon thread reads
+Runs SCRIPT in this process (as `python SCRIPT ARGS` would, via runpy; with --module SCRIPT is a
+module name, as `python -m SCRIPT ARGS`) while a daemon thread reads
 every other thread's stack (`sys._current_frames`) each `--interval` seconds.  Reports, per thread
 name, the most frequent leaf frames ("self" time) and the frames that appear anywhere in the stack
 ("total" time), as fractions of that thread's samples.  A thread waiting in a C call (a CUDA sync,
@@ -31,6 +32,7 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--interval", type=float, default=0.005)
     ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--module", action="store_true")
     ap.add_argument("script")
     ap.add_argument("args", nargs=argparse.REMAINDER)
     a = ap.parse_args()
@@ -63,7 +65,10 @@ def main() -> None:
     sys.argv = [a.script, *a.args]
     t0 = time.perf_counter()
     try:
-        runpy.run_path(a.script, run_name="__main__")
+        if a.module:
+            runpy.run_module(a.script, run_name="__main__", alter_sys=True)
+        else:
+            runpy.run_path(a.script, run_name="__main__")
     except SystemExit:
         pass
     finally:

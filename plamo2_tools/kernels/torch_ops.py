@@ -13,8 +13,15 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 Tensor = torch.Tensor
+
+# Prefill SDPA backends, cuDNN's left out: it builds (and caches) an execution plan for every new
+# (queries, keys) shape, ~25 ms of host time each, and a GSM8K run brings a new prompt length with
+# nearly every request (H200, plamo-2-1b: prefill fell from ~180k to 39k tokens/s; reports/e2e/
+# session4).  Flash and memory-efficient attention take any length without a plan.
+_PREFILL_SDPA = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 def _rms(x: Tensor, weight: Tensor, eps: float) -> Tensor:
@@ -201,8 +208,15 @@ def attention(
             attn_mask=mask[:, None, None, :], scale=scale, enable_gqa=gqa,
         )  # fmt: skip
         return o[:, :, 0]
+    with sdpa_kernel(_PREFILL_SDPA):
+        return _prefill_attention(q, k_cache, v_cache, cu_seqlens_q.tolist(), kv_lens.tolist(), scale, window)
+
+
+def _prefill_attention(
+    q: Tensor, k_cache: Tensor, v_cache: Tensor, cu: list[int], lens: list[int], scale: float, window: int | None
+) -> Tensor:
     out = torch.empty_like(q)
-    cu, lens = cu_seqlens_q.tolist(), kv_lens.tolist()
+    gqa = q.shape[1] != k_cache.shape[2]
     group = q.shape[1] // k_cache.shape[2]
     for s, L in enumerate(lens):
         q0, q1 = cu[s], cu[s + 1]
@@ -219,8 +233,10 @@ def attention(
             if gqa:  # explicit heads: SDPA's flash kernels do not all take enable_gqa
                 ks, vs = ks.repeat_interleave(group, dim=0), vs.repeat_interleave(group, dim=0)
             mask, causal = None, False
-            if window is None and k0 == first and b - a == stop - k0:
-                causal = True  # square causal: lets SDPA pick its flash kernel
+            if k0 == first and b - a == stop - k0 and (window is None or b - a <= window + 1):
+                # Square causal (a window no wider than the block cuts nothing): lets SDPA pick
+                # its flash kernel instead of a masked one.
+                causal = True
             elif b - a > 1:  # one query sees every key of its slice
                 qpos = torch.arange(first, stop, device=q.device)[:, None]
                 kpos = torch.arange(k0, stop, device=q.device)[None, :]

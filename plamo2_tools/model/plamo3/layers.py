@@ -62,16 +62,24 @@ class Plamo3RankModel(RankModel):
         # PFN's ports scale by sqrt(D) when the config says so (docs/plamo3.md §4.1; vLLM 0.26 ignores it).
         return h * self.cfg.hidden_size**0.5 if self.cfg.scale_embedding else h
 
-    def prepare(self, batch: Batch) -> dict[Any, Any]:
-        """One RoPE table per layer type on this stage (plain on sliding layers, YaRN-scaled on
-        full ones when configured)."""
+    def place_rope(self, device: torch.device) -> None:
+        """Each layer type's inverse frequencies, made once on the model's device: `prepare` also
+        runs inside CUDA-graph capture, where a copy from (unpinned) host memory is refused."""
         cfg: Plamo3Config = self.cfg
-        tables = {}
+        self.rope_freqs: dict[str, tuple[Tensor, float, float]] = {}
         for kind in {layer.mixer.rope_kind for layer in self.layers}:
             rope = cfg.rope_full if kind == "full_attention" else cfg.rope_sliding
             freqs, scale = inv_freq(cfg.head_dim, rope)
-            tables[kind] = rope_cos_sin(batch.positions, cfg.head_dim, rope.theta, torch.float32, freqs, scale)
-        return tables
+            self.rope_freqs[kind] = (freqs.to(device), scale, rope.theta)
+
+    def prepare(self, batch: Batch) -> dict[Any, Any]:
+        """One RoPE table per layer type on this stage (plain on sliding layers, YaRN-scaled on
+        full ones when configured)."""
+        d = self.cfg.head_dim
+        return {
+            kind: rope_cos_sin(batch.positions, d, theta, torch.float32, freqs, scale)
+            for kind, (freqs, scale, theta) in self.rope_freqs.items()
+        }
 
 
 def build_rank_model(family: Any, cfg: Plamo3Config, stage: tuple[int, int], weights: dict[str, Tensor], ops: Any,
@@ -88,5 +96,9 @@ def build_rank_model(family: Any, cfg: Plamo3Config, stage: tuple[int, int], wei
         # vLLM's untied head holds extra rows after each rank's vocabulary block (zeros, never
         # loaded); the logits of this rank are its first vocab_rows.
         weights = {**weights, "lm_head.weight": weights["lm_head.weight"][: sizes.vocab_rows]}
-    act = dtype or next(iter(weights.values())).dtype
-    return Plamo3RankModel(cfg, layers, weights, ops, comm, (sizes.vocab_start, sizes.vocab_rows), act)
+    first = next(iter(weights.values()))
+    model = Plamo3RankModel(
+        cfg, layers, weights, ops, comm, (sizes.vocab_start, sizes.vocab_rows), dtype or first.dtype
+    )
+    model.place_rope(first.device)
+    return model

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# GPU call C of session 4 (one H200, <= 8 min): after the prefill fix (no cuDNN SDPA plans per prompt length;
+# square causal blocks of windowed layers go to flash): the README's eval command on synthetic plamo-2-1b bf16
+# from the shell, `generate` start-up under the stack sampler, and plamo-3-8b decode/prefill (the graph-capture
+# fix of its RoPE tables).
+# Steps that would run past the call's deadline are skipped (walls.txt says so).  Carry .whl (lm-eval and its
+# pure-Python deps for Python 3.12, .whl/gsm8k the data).  Results: $OUT/call.tar.gz.
+set -u
+OUT=${OUT:-/tmp/call}; W=/tmp/w; mkdir -p "$W" "$OUT/r"
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl 2> /dev/null \
+  && export PYTHONPATH=/tmp/site:$PYTHONPATH
+export TRITON_CACHE_DIR=/tmp/tc PLAMO2_CACHE_DIR=/tmp/pc
+P="python3 -m plamo2_tools.cli"
+DEADLINE=$((SECONDS + ${BUDGET:-560}))
+now() { date +%s.%N; }
+step() { local name=$1 limit=$2; shift 2; local t0; t0=$(now)
+  [[ -z "${ONLY:-}" || ",$ONLY," == *",$name,"* ]] || return 0
+  if (( SECONDS + limit > DEADLINE )); then echo "== $name skipped: ${limit} s would pass the deadline" | tee -a "$OUT/r/walls.txt"; return 0; fi
+  timeout "$limit" "$@" > "$OUT/r/$name.log" 2>&1; local rc=$?
+  echo "== $name rc=$rc wall $(python3 -c "print(f'{$(now) - $t0:.2f}')") s" | tee -a "$OUT/r/walls.txt"
+  tail -n "${TAIL:-6}" "$OUT/r/$name.log"; tar czf "$OUT/call.tar.gz" -C "$OUT" r; }
+{
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader; nproc
+step synth-1b 60 $P synth $W/src1b --preset plamo-2-1b --dtype bfloat16 --json
+step convert-1b 30 $P convert $W/src1b $W/1b --json
+rm -rf $W/src1b
+TAIL=12 step eval-1b 120 $P eval $W/1b --tasks gsm8k --num-fewshot 5 --gsm8k-dir .whl/gsm8k --device cuda \
+  --output-path $OUT/r/eval-1b --json
+step generate-second 40 $P generate $W/1b --prompt "Question: what is 12 times 7? Answer:" --max-new-tokens 256 --device cuda
+TAIL=40 step stacks-generate 40 python3 bench/sample_stacks.py --interval 0.002 --out $OUT/r/stacks_generate.json --module -- \
+  plamo2_tools.cli generate $W/1b --prompt "Question: what is 12 times 7? Answer:" --max-new-tokens 256 --device cuda
+python3 -X importtime -c "import plamo2_tools.cli" 2> $OUT/r/importtime_cli.txt
+TAIL=25 step gsm8k-split-1b 90 python3 bench/gsm8k.py $W/1b --gsm8k-dir .whl/gsm8k --device cuda --out $OUT/r/gsm8k_1b.json
+rm -rf $W/1b
+m=plamo-3-8b
+step synth-$m 80 $P synth $W/src-$m --preset $m --dtype bfloat16 --json
+step convert-$m 40 $P convert $W/src-$m $W/$m --json
+rm -rf $W/src-$m
+TAIL=6 step decode-$m 100 python3 bench/runtime.py $W/$m --label $m --device cuda --modes triton-graphs \
+  --decode 1,64,256 --prefill 8192 --out $OUT/r/bench_runtime_$m.json
+} 2>&1 | tee "$OUT/r/summary.log"
+tar czf "$OUT/call.tar.gz" -C "$OUT" r
