@@ -27,6 +27,7 @@ import re
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
+from plamo2_tools.runtime.serving.text import TextStream
 from plamo2_tools.serve.engine_api import (
     Candidate,
     EngineBusy,
@@ -39,7 +40,6 @@ from plamo2_tools.serve.engine_api import (
     TokenEvent,
     TokenLogprob,
 )
-from plamo2_tools.runtime.serving.text import TextStream
 
 EOS, BOS, OP = 0, 1, 2
 SPECIALS = ["<eos>", "<bos>", "<|plamo:op|>"]
