@@ -118,7 +118,9 @@ def test_nothing_imports_the_cli() -> None:
 
 
 def test_nothing_but_the_commands_imports_serve() -> None:
-    users = {m for m, deps in FILES.items() if any(_unit(d) == "serve" for d in deps) and _unit(m) not in ("serve", "cli")}
+    users = {
+        m for m, deps in FILES.items() if any(_unit(d) == "serve" for d in deps) and _unit(m) not in ("serve", "cli")
+    }
     assert not users, users
 
 

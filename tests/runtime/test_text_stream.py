@@ -13,9 +13,14 @@ from plamo2_tools.runtime.serving.text import TextStream
 # A byte-level tokenizer: 0-2 specials, 3-258 the bytes, then merges (one of them a 2-byte character).
 BYTE0 = 3
 SPECIALS = ["<eos>", "<bos>", "<|plamo:op|>"]
-PIECES = [s.encode() for s in SPECIALS] + [bytes([b]) for b in range(256)] + [m.encode() for m in
-                                                                             ("hello", " world", "the", "é")]
-MERGES = sorted(((p.decode(), i) for i, p in enumerate(PIECES) if i < BYTE0 or i >= BYTE0 + 256), key=lambda x: -len(x[0]))
+PIECES = (
+    [s.encode() for s in SPECIALS]
+    + [bytes([b]) for b in range(256)]
+    + [m.encode() for m in ("hello", " world", "the", "é")]
+)
+MERGES = sorted(
+    ((p.decode(), i) for i, p in enumerate(PIECES) if i < BYTE0 or i >= BYTE0 + 256), key=lambda x: -len(x[0])
+)
 
 
 def encode(text: str) -> list[int]:
