@@ -21,7 +21,7 @@ KEY = "sekret-key-for-tests"
 
 @pytest.fixture(scope="module")
 def shard_dir(shards):  # type: ignore[no-untyped-def]
-    return shards("tiny", 1, 1, seed=3)
+    return shards("tiny", 1, 1, seed=5)  # seed 5: its translate answers below reach <|plamo:op|>
 
 
 @pytest.fixture(scope="module")
@@ -99,6 +99,28 @@ def test_stop_strings_cut_exactly(server: CliServer, oracle: Oracle) -> None:
     never = client.completions.create(model="tiny", prompt=PROMPTS[1], max_tokens=40, temperature=0,
                                       stop=["\x00never\x00"])  # fmt: skip
     assert never.choices[0].text == full and never.choices[0].finish_reason == "length"
+
+
+# plamo-2-translate's prompt (its model card's, as LM Studio and llama.cpp users send it): the
+# answer ends where the model writes the next <|plamo:op|>, a special token whose text the
+# server keeps visible precisely so that this stop string can match it.
+TRANSLATE = "<|plamo:op|>dataset\ntranslation\n<|plamo:op|>input lang=English\n{}\n<|plamo:op|>output lang=Japanese\n"
+OP = "<|plamo:op|>"
+
+
+def test_the_translate_prompt_stops_at_its_op_token(server: CliServer, oracle: Oracle) -> None:
+    prompt = TRANSLATE.format("Hello.")
+    ids = oracle.ids(prompt)
+    assert ids.count(oracle.tok.convert_tokens_to_ids(OP)) == 3  # the text's markers are the special token
+    full = oracle.text(oracle.tokens(ids, 64))[0]
+    assert OP in full and not full.startswith(OP), "the tiny model (seed 5) writes the marker mid-answer"
+    for stream in (False, True):
+        r = server.client().completions.create(model="tiny", prompt=prompt, max_tokens=64, temperature=0, stop=[OP],
+                                               stream=stream)  # fmt: skip
+        chunks = list(r) if stream else [r]
+        assert "".join(c.choices[0].text for c in chunks) == full[: full.find(OP)]
+        last = chunks[-1].choices[0]
+        assert last.finish_reason == "stop" and last.model_extra["stop_reason"] == OP
 
 
 def test_seeded_sampling_reproduces_and_is_the_runtimes(server: CliServer, oracle: Oracle) -> None:
@@ -228,3 +250,35 @@ def test_auth_body_limit_and_full_queue(strict_server: CliServer) -> None:
     m = s.metrics()
     assert m['plamo2_sequences_finished_total{reason="cancelled"}'] >= 1
     assert m["plamo2_running_sequences"] == 0 and m["plamo2_admitted_sequences"] == 0
+
+
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}<|plamo:op|>{{ m['role'] }}\n{{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|plamo:op|>assistant\n{% endif %}"
+)
+
+
+def test_chat_with_a_template_in_the_checkpoint(shard_dir, oracle: Oracle, tmp_path_factory) -> None:  # type: ignore[no-untyped-def]
+    """A checkpoint whose tokenizer_config.json carries a chat template serves /v1/chat/completions:
+    the answer is the completion of the rendered conversation (tokenized without a second BOS)."""
+    import shutil
+
+    copy = tmp_path_factory.mktemp("chat") / "shards"
+    shutil.copytree(shard_dir, copy)
+    config = json.loads((copy / "tokenizer_config.json").read_text())
+    (copy / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": CHAT_TEMPLATE}))
+    s = CliServer(copy, "--max-batch", "4", "--max-context", "256")
+    try:
+        assert "chat on" in s.output
+        messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello?"}]
+        r = s.client().chat.completions.create(model=s.model, messages=messages, max_tokens=16, temperature=0)
+        rendered = "<|plamo:bos|><|plamo:op|>system\nBe brief.\n<|plamo:op|>user\nHello?\n<|plamo:op|>assistant\n"
+        ids = list(oracle.tok(rendered, add_special_tokens=False)["input_ids"])
+        assert r.choices[0].message.role == "assistant"
+        assert (r.choices[0].message.content, r.choices[0].finish_reason) == oracle.text(oracle.tokens(ids, 16))
+        assert r.usage.prompt_tokens == len(ids)
+        chunks = list(s.client().chat.completions.create(model=s.model, messages=messages, max_tokens=16,
+                                                         temperature=0, stream=True))  # fmt: skip
+        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == r.choices[0].message.content
+    finally:
+        assert s.stop() == 0, s.output
