@@ -21,7 +21,7 @@ of the answer's time over its other tokens.  The clients are a minimal HTTP/1.1 
 asyncio streams spread over --client-procs processes, so that parsing thousands of chunks a second
 is not what is measured (and nothing beyond the standard library is needed on the client side).
 
---max-seconds bounds the whole run: a level that would start past it is skipped, a level that
+--max-seconds bounds the run after the shards are ready: a level that would start past it is skipped, a level that
 runs past it is cut (its record says `complete: false`), and the in-process side of a level runs
 only while there is time for it.  The JSON (kind plamo2-bench-serve) is rewritten after each level.
 Runs on the CPU too (`--synth tiny --device cpu`: the tests do, with small sizes).
@@ -91,6 +91,8 @@ class Server:
         cmd = cli("serve", str(shards), "--port", "0", "--device", args.device, "--max-batch", str(slots),
                   "--max-context", str(context), "--max-queue", str(slots), *args.server_arg)  # fmt: skip
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+        if args.device == "cpu":  # OpenMP threads spinning beside the client processes slow a CPU run many times
+            env.setdefault("OMP_NUM_THREADS", "1")
         t0 = time.monotonic()
         self.proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
         self.log: list[str] = []
@@ -247,6 +249,8 @@ def in_process(args: argparse.Namespace, shards: Path, levels: list[tuple[int, l
     from plamo2_tools.runtime.serving.engine import Runtime
 
     out: dict[int, dict[str, Any]] = {}
+    if args.device == "cpu":
+        torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))  # as the server's process had
     with Runtime(shards, device=args.device, mode="local") as rt:
         for n, prompts in levels:
             left = deadline - time.monotonic()
@@ -270,10 +274,10 @@ def in_process(args: argparse.Namespace, shards: Path, levels: list[tuple[int, l
 # ---- the run --------------------------------------------------------------------------------------------
 def run(args: argparse.Namespace) -> dict[str, Any]:
     t_begin = time.monotonic()
-    deadline = t_begin + args.max_seconds
     levels_n = [int(x) for x in args.clients.split(",") if x]
     with tempfile.TemporaryDirectory(prefix="plamo2-bench-serve-") as tmp:
         shards = prepare_shards(args, Path(tmp))
+        deadline = time.monotonic() + args.max_seconds  # synth + convert (minutes for 8b) are not the run's
         cfg = json.loads((shards / "config.json").read_text())
         vocab, bos = int(cfg["vocab_size"]), cfg.get("bos_token_id")
         levels = [
