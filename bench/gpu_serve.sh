@@ -6,7 +6,9 @@
 #
 # The server needs fastapi, starlette, uvicorn (and their h11, anyio, click), pydantic: carry
 # `.whl` with those wheels if the device image lacks them (checked first, one line if missing).
-# Knobs: MODELS=1b,8b  CLIENTS=1,16,64,256  PER_CLIENT=2  PROMPT_TOKENS=256  MAX_TOKENS=128
+# Knobs: AB_SWITCH=0.0005 adds a second server pass per model (64 and 256 clients) with
+#        PLAMO2_SERVE_SWITCH_INTERVAL set (the GIL hand-over interval; serve/service.py says why)
+#        MODELS=1b,8b  CLIENTS=1,16,64,256  PER_CLIENT=2  PROMPT_TOKENS=256  MAX_TOKENS=128
 #        SECONDS_PER_MODEL=240  DEVICE=cuda  SHARDS_1B=... SHARDS_8B=... (skip synth/convert)
 # A CPU dry run (tiny model, small sizes):
 #   MODELS=tiny DEVICE=cpu CLIENTS=1,4 PROMPT_TOKENS=16 MAX_TOKENS=8 SECONDS_PER_MODEL=120 bash bench/gpu_serve.sh
@@ -38,6 +40,15 @@ for m in ${MODELS//,/ }; do
     > "$OUT/bench_serve_$m.log" 2>&1
   echo "== bench_serve $m rc=$? in $((SECONDS - t0)) s"
   tail -n 14 "$OUT/bench_serve_$m.log"
+  if [ -n "${AB_SWITCH:-}" ]; then
+    t0=$SECONDS
+    PLAMO2_SERVE_SWITCH_INTERVAL=$AB_SWITCH timeout $(( ${SECONDS_PER_MODEL:-240} + 300 )) python3 bench/serve.py \
+      "${src[@]}" --device "$DEVICE" --label "$m switch $AB_SWITCH" --clients 64,256 --per-client "${PER_CLIENT:-2}" \
+      --prompt-tokens "${PROMPT_TOKENS:-256}" --max-tokens "${MAX_TOKENS:-128}" --max-seconds "${SECONDS_PER_MODEL:-240}" \
+      --out "$OUT/bench_serve_${m}_switch.json" > "$OUT/bench_serve_${m}_switch.log" 2>&1
+    echo "== bench_serve $m switch $AB_SWITCH rc=$? in $((SECONDS - t0)) s"
+    tail -n 6 "$OUT/bench_serve_${m}_switch.log"
+  fi
 done
 $P report "$OUT" --out "$OUT/serve-report.md" > /dev/null 2>&1 && grep -A14 "## Server under load" "$OUT/serve-report.md"
 } 2>&1 | tee "$OUT/summary.log"

@@ -81,6 +81,9 @@ def serve(
     if api_key is not None and not api_key.strip():
         raise UserError(f"--api-key (or {API_KEY_ENV}) is empty")
     load_manifest(shards)  # a shard directory, finished: one line now if not
+    from ..serve.service import switch_interval
+
+    switch_interval()  # the GIL knob's value, checked before the model loads
     names = list(served_model_name or []) or [str(shards)]
     runtime = {"shards": str(shards), "device": device, "backend": backend, "trust_remote_code": trust_remote_code,
                "cuda_graph": cuda_graph, "verify_files": not no_verify,

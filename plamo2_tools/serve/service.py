@@ -20,10 +20,16 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from ..errors import Plamo2Error
+from ..errors import Plamo2Error, UserError
 from ..runtime.serving.engine import Runtime
 from . import API_KEY_ENV
 from .runtime_engine import LoopOptions, RuntimeEngine
+
+# The HTTP thread (asyncio) and the generation loop's thread share the GIL, which Python hands over
+# every 5 ms by default: a busy HTTP thread can delay the loop's next decode launch by that much,
+# against GPU decode steps of 1.5-3.5 ms.  A shorter interval (e.g. 0.0005) is the A/B knob of
+# bench/serve.py on the GPU (`PLAMO2_SERVE_SWITCH_INTERVAL=0.0005 bench/gpu_serve.sh`); unset: Python's.
+SWITCH_INTERVAL_ENV = "PLAMO2_SERVE_SWITCH_INTERVAL"
 
 
 class ServerFailed(Plamo2Error):
@@ -46,6 +52,10 @@ def serve_job(rt: Runtime, model_id: str, host: str, port: int, loop: dict[str, 
         return 0
     from .app import ServerConfig, create_app
     from .server import serve_forever
+
+    interval = switch_interval()
+    if interval is not None:
+        sys.setswitchinterval(interval)
 
     config = dict(server)
     config["api_key"] = api_key or os.environ.get(API_KEY_ENV) or None
@@ -71,6 +81,20 @@ def serve_job(rt: Runtime, model_id: str, host: str, port: int, loop: dict[str, 
             raise engine.loop.error
         raise ServerFailed(engine.failed or f"the server stopped with exit code {rc}")
     return 0
+
+
+def switch_interval() -> float | None:
+    """SWITCH_INTERVAL_ENV's value (checked by the command before the model loads), or None."""
+    text = os.environ.get(SWITCH_INTERVAL_ENV)
+    if not text:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 < value <= 1:
+        raise UserError(f"{SWITCH_INTERVAL_ENV}={text!r}: must be seconds in (0, 1]")
+    return value
 
 
 def follow(rt: Runtime, options: LoopOptions) -> None:
