@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import threading
 import time
@@ -70,6 +71,17 @@ def online_request(req: GenerationRequest) -> OnlineRequest:
     return OnlineRequest(req.request_id, tuple(req.prompt_token_ids), req.max_tokens, temperature=req.temperature,
                          top_p=req.top_p, seed=req.seed, stream=req.stream, stop=tuple(req.stop),
                          ignore_eos=req.ignore_eos)  # fmt: skip
+
+
+def merged(event: Event, queue: asyncio.Queue[Event]) -> Event:
+    """`event` and whatever else of its sequence is already waiting, as one event: when the HTTP
+    thread falls behind the loop (hundreds of streams), each stream then gets one chunk per look
+    instead of a backlog of small ones, and the work per token shrinks as the load grows."""
+    while not event.finished and event.error is None and not queue.empty():
+        nxt = queue.get_nowait()
+        event = dataclasses.replace(nxt, token_ids=event.token_ids + nxt.token_ids,
+                                    prompt_logprobs=event.prompt_logprobs or nxt.prompt_logprobs)  # fmt: skip
+    return event
 
 
 class SequenceText:
@@ -204,7 +216,7 @@ class RuntimeEngine:
             text = SequenceText(self.decode, request.stop, self.info.eos_token_ids)
             scored = request.logprobs is not None or request.prompt_logprobs is not None
             while True:
-                event = await queue.get()
+                event = merged(await queue.get(), queue)
                 if event.error is not None:
                     raise EngineError(event.error)
                 if event.finish_reason == "cancelled":
