@@ -1,5 +1,5 @@
 """The runtime failing under a real `plamo2-tools serve`: the requests in flight get 500 (or an
-in-stream error once streaming began), /health says 503, and the process exits non-zero by
+in-stream error once streaming began) and the process exits non-zero by
 itself instead of hanging."""
 
 from __future__ import annotations
