@@ -307,15 +307,20 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         walls: dict[int, float] = {}
         try:
             for n, prompts in levels:
-                if time.monotonic() > deadline - 5:
+                if server.proc.poll() is not None or time.monotonic() > deadline - 5:
                     print(f"server N={n}: skipped (out of --max-seconds)", flush=True)
                     result["runs"].append({"clients": n, "skipped": True})
                     continue
                 warm = [[b] for b in bodies(server.model, [p[:16] for p in prompts[:n]], 4)]
-                run_clients(server, warm, args.client_procs, deadline)
                 work = bodies(server.model, prompts, args.max_tokens)
                 per_client = [work[i::n] for i in range(n)]  # client i sends requests i, i + n, ...
-                records, cut, errors = run_clients(server, per_client, args.client_procs, deadline)
+                try:
+                    run_clients(server, warm, args.client_procs, deadline)
+                    records, cut, errors = run_clients(server, per_client, args.client_procs, deadline)
+                except Exception as e:  # a client process died or never answered: record it, go on
+                    records, cut, errors = [], True, [f"clients failed: {e!r}"]
+                if server.proc.poll() is not None:
+                    errors.append(f"the server exited with {server.proc.returncode}: {''.join(server.log[-5:])}")
                 rec = {"clients": n, "per_client": args.per_client, "requests": len(records),
                        "complete": not cut and len(records) == len(prompts), "errors": errors,
                        **summarize(records)}  # fmt: skip
