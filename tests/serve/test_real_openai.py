@@ -282,3 +282,25 @@ def test_chat_with_a_template_in_the_checkpoint(shard_dir, oracle: Oracle, tmp_p
         assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == r.choices[0].message.content
     finally:
         assert s.stop() == 0, s.output
+
+
+def test_logprobs_of_generated_and_echoed_tokens_are_the_runtimes(server: CliServer, oracle: Oracle) -> None:
+    import torch
+
+    ids = oracle.ids(PROMPTS[1])
+    r = server.client().completions.create(model="tiny", prompt=ids, max_tokens=6, temperature=0, logprobs=3,
+                                           echo=True, extra_body={"return_token_ids": True})  # fmt: skip
+    gen = r.choices[0].model_extra["token_ids"]
+    seq = ids + gen
+    (logits,) = oracle.rt.prompt_logits([seq])
+    lp = torch.log_softmax(logits.double(), dim=-1)
+    got = r.choices[0].logprobs
+    assert len(got.token_logprobs) == len(seq) and got.token_logprobs[0] is None  # echo: the prompt's too
+    for p in range(1, len(seq)):
+        assert got.token_logprobs[p] == pytest.approx(float(lp[p - 1, seq[p]]), abs=1e-4), p
+        top = got.top_logprobs[p]
+        assert 3 <= len(top) <= 4 and max(top.values())  # (OpenAI: the chosen token is always in it)
+        assert max(top.values()) == pytest.approx(float(lp[p - 1].max()), abs=1e-4)
+    for p in range(len(ids), len(seq)):  # greedy: each generated token is its position's best
+        assert got.token_logprobs[p] == max(got.top_logprobs[p].values())
+    assert r.choices[0].text.startswith(oracle.decode(ids))  # echo puts the prompt's text first
