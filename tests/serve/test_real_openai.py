@@ -299,7 +299,7 @@ def test_logprobs_of_generated_and_echoed_tokens_are_the_runtimes(server: CliSer
     for p in range(1, len(seq)):
         assert got.token_logprobs[p] == pytest.approx(float(lp[p - 1, seq[p]]), abs=1e-4), p
         top = got.top_logprobs[p]
-        assert 3 <= len(top) <= 4 and max(top.values())  # (OpenAI: the chosen token is always in it)
+        assert 3 <= len(top) <= 4  # OpenAI: the top 3, and the chosen token always
         assert max(top.values()) == pytest.approx(float(lp[p - 1].max()), abs=1e-4)
     for p in range(len(ids), len(seq)):  # greedy: each generated token is its position's best
         assert got.token_logprobs[p] == max(got.top_logprobs[p].values())
