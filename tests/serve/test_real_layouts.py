@@ -11,10 +11,12 @@ import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
+import openai
 import pytest
 from real_serve import CliServer, Oracle
 
 pytestmark = pytest.mark.slow
+KEY = "layout-key"
 PROMPTS = ["Hello world", "The cat sat on", "1 2 3 4 5", "日本語"]
 
 
@@ -43,11 +45,16 @@ def children(pid: int) -> set[int]:
 
 @pytest.mark.parametrize("launch", [False, True], ids=["threads", "torchrun"])
 def test_tp2_pp2_serves_the_runtimes_answers(shard_dir: Path, oracle: Oracle, launch: bool) -> None:
-    server = CliServer(shard_dir, "--max-batch", "4", "--max-context", "256", *(["--launch"] if launch else []))
+    # the API key reaches rank 0 as --api-key (torchrun: through launch's environment) or PLAMO2_API_KEY
+    key = ("--api-key", KEY) if launch else ()
+    server = CliServer(shard_dir, "--max-batch", "4", "--max-context", "256", *key, *(["--launch"] if launch else []),
+                       env=None if launch else {"PLAMO2_API_KEY": KEY})  # fmt: skip
     ranks = children(server.proc.pid)
     try:
         assert "tp2×pp2" in server.output and ("torchrun ranks" in server.output) == launch
-        client = server.client()
+        with pytest.raises(openai.AuthenticationError):
+            server.client().completions.create(model=server.model, prompt="x", max_tokens=1)
+        client = server.client(api_key=KEY)
         r = client.completions.create(model=server.model, prompt=PROMPTS, max_tokens=24, temperature=0)
         assert [(c.text, c.finish_reason) for c in r.choices] == [oracle.complete(p, 24) for p in PROMPTS]
         chunks = list(client.completions.create(model=server.model, prompt=PROMPTS[1], max_tokens=30, temperature=0,
