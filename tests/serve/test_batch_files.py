@@ -139,9 +139,22 @@ def test_killed_and_resumed_equals_a_clean_run(shard_dir: Path, tmp_path: Path) 
     with open(out, "a") as f:
         f.write('{"index": 30, "choi')  # as if killed mid-write: a cut last line is dropped on resume
 
+    # resumed, then Ctrl-C (SIGINT): exit 130 with one line saying what is left, soon, no hang
+    p = generate_process(shard_dir, src, out)
+    while len(out.read_text().splitlines()) < len(partial) + 3:
+        assert p.poll() is None and time.monotonic() < deadline + 120, "the resumed run ended before the SIGINT"
+        time.sleep(0.01)
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 130, err
+    assert f"resuming: {len(partial)} requests already done" in err  # the cut line did not count
+    assert err.strip().splitlines()[-1] == (f"interrupted: {out} holds the results finished so far; "
+                                            "run the same command again to resume")  # fmt: skip
+    before = len(out.read_text().splitlines())
+
     p = generate_process(shard_dir, src, out)
     _, err = p.communicate(timeout=300)
     assert p.returncode == 2, err
-    assert f"resuming: {len(partial)} requests already done" in err
+    assert f"resuming: {before} requests already done" in err
     assert out.read_bytes() == clean.read_bytes()
     assert len(records(clean)) == 36
