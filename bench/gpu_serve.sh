@@ -4,8 +4,10 @@
 # the server, then the same requests through in-process Runtime.generate) -> $OUT/bench_serve_<m>.json
 # and a rendered report.  ~4 minutes per model; MODELS=1b or MODELS=8b splits it over two calls.
 #
-# The server needs fastapi, starlette, uvicorn (and their h11, anyio, click), pydantic: carry
-# `.whl` with those wheels if the device image lacks them (checked first, one line if missing).
+# The server needs fastapi, starlette, uvicorn and what they import (h11, anyio, click,
+# annotated-doc, pydantic, ...): carry `.whl` with those wheels if the device image lacks them
+# (checked first, one line if missing).  On a machine with network access, for the device's Python:
+#   pip download fastapi uvicorn -d .whl --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64
 # Knobs: AB_SWITCH=0.0005 adds a second server pass per model (64 and 256 clients) with
 #        PLAMO2_SERVE_SWITCH_INTERVAL set (the GIL hand-over interval; serve/service.py says why)
 #        MODELS=1b,8b  CLIENTS=1,16,64,256  PER_CLIENT=2  PROMPT_TOKENS=256  MAX_TOKENS=128
@@ -24,8 +26,8 @@ P="python3 -m plamo2_tools.cli"
 DEVICE=${DEVICE:-cuda}
 {
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2> /dev/null
-if ! python3 -c 'import fastapi, uvicorn, pydantic, starlette' 2>&1; then
-  echo "== serve bench skipped: fastapi/uvicorn/pydantic/starlette not importable (carry .whl)"; exit 3
+if ! python3 -c 'import fastapi, uvicorn, pydantic, starlette, h11, anyio, click' 2>&1; then
+  echo "== serve bench skipped: the server's packages are not importable (carry .whl, see the top of this file)"; exit 3
 fi
 MODELS=${MODELS:-1b,8b}
 for m in ${MODELS//,/ }; do
