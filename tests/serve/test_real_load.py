@@ -139,8 +139,8 @@ def test_clients_leaving_mid_stream_free_their_slots(shard_dir: Path, oracle: Or
 
 
 def test_sigterm_under_load_drains_and_exits_0(shard_dir: Path, oracle: Oracle) -> None:
-    reqs = [{**r, "max_tokens": 60 + i % 20} for i, r in enumerate(ragged_requests(5, 16))]
-    server = CliServer(shard_dir, "--max-batch", "4", "--max-context", "128", "--shutdown-timeout", "120")
+    reqs = [{**r, "max_tokens": 200 + i % 20} for i, r in enumerate(ragged_requests(5, 16))]
+    server = CliServer(shard_dir, "--max-batch", "4", "--max-context", "300", "--shutdown-timeout", "120")
     firsts = threading.Semaphore(0)
 
     def client(body: dict[str, Any]) -> tuple[str, list[int], str | None]:

@@ -42,7 +42,7 @@ def server(shard_dir) -> Iterator[CliServer]:  # type: ignore[no-untyped-def]
 def strict_server(shard_dir) -> Iterator[CliServer]:  # type: ignore[no-untyped-def]
     """One decode slot, no queue, small bodies and contexts, and an API key from the environment."""
     s = CliServer(shard_dir, "--max-batch", "1", "--max-queue", "0", "--max-body-bytes", "4096",
-                  "--max-context", "256", env={"PLAMO2_API_KEY": KEY})  # fmt: skip
+                  "--max-context", "2048", env={"PLAMO2_API_KEY": KEY})  # fmt: skip
     yield s
     assert s.stop() == 0, s.output
 
@@ -230,7 +230,7 @@ def test_auth_body_limit_and_full_queue(strict_server: CliServer) -> None:
     leave = threading.Event()
 
     def hold() -> None:
-        body = {"prompt": [1, 5], "max_tokens": 250, "temperature": 0, "stream": True, "ignore_eos": True}
+        body = {"prompt": [1, 5], "max_tokens": 2000, "temperature": 0, "stream": True, "ignore_eos": True}
         with httpx.stream("POST", f"{s.url}/v1/completions", json=body, headers=auth, timeout=60) as r:
             for _ in r.iter_lines():
                 first.set()
