@@ -4,6 +4,8 @@ inside functions count too):
 * packages: the model home below everything but the foundation (and the tokenizer leaf), the shard
   format below its users, the converter imported only by the commands, no cycles between packages;
 * the runtime's three rooms: the rank below the serving loop below the processes;
+* the server (`serve/`) a consumer of the runtime, like eval: imported by the commands alone, its
+  HTTP layer apart from the runtime (only the engine, batch and service modules load it);
 * files: no import cycle between any two modules of the package, and no module importing another
   module's `_private` names.
 """
@@ -104,7 +106,8 @@ def test_kernels_know_no_model() -> None:
     assert GRAPH["kernels"] <= FOUNDATION, GRAPH["kernels"] - FOUNDATION
 
 
-@pytest.mark.parametrize("unit", ["runtime", "eval", "inspect", "kernels", "shards", "model", "tokenizer", "verify"])
+@pytest.mark.parametrize("unit", ["runtime", "eval", "inspect", "kernels", "shards", "model", "tokenizer", "verify",
+                                  "serve"])  # fmt: skip
 def test_nothing_but_the_commands_imports_convert(unit: str) -> None:
     assert "convert" not in GRAPH.get(unit, set())
 
@@ -112,6 +115,24 @@ def test_nothing_but_the_commands_imports_convert(unit: str) -> None:
 def test_nothing_imports_the_cli() -> None:
     users = {m for m, deps in FILES.items() if any(_unit(d) == "cli" for d in deps) and _unit(m) != "cli"}
     assert not users, users
+
+
+def test_nothing_but_the_commands_imports_serve() -> None:
+    users = {
+        m for m, deps in FILES.items() if any(_unit(d) == "serve" for d in deps) and _unit(m) not in ("serve", "cli")
+    }
+    assert not users, users
+
+
+def test_serve_is_a_consumer_of_the_runtime_like_eval() -> None:
+    """serve/ stands on the runtime and the foundation, never on eval, convert, verify or the cli;
+    its HTTP layer (app, handlers, protocol, ...) needs no runtime at all: only the engine over the
+    online loop, batch files and the per-rank service do."""
+    assert GRAPH["serve"] <= FOUNDATION | {"runtime"}, GRAPH["serve"] - FOUNDATION - {"runtime"}
+    runtime_users = {"plamo2_tools.serve.runtime_engine", "plamo2_tools.serve.batch", "plamo2_tools.serve.service"}
+    for m, deps in FILES.items():
+        if _unit(m) == "serve" and m not in runtime_users:
+            assert not {_unit(d) for d in deps} & {"runtime", "kernels", "model", "shards"}, (m, sorted(deps))
 
 
 def test_no_cycles_between_packages() -> None:
@@ -148,6 +169,7 @@ def test_no_private_names_across_files() -> None:
 def test_the_graph_is_read_at_all() -> None:
     """Guards the guard: the parser sees the imports it should, and finds a planted cycle."""
     assert "model" in GRAPH["shards"] and "shards" in GRAPH["runtime"] and "convert" in GRAPH["cli"]
+    assert "runtime" in GRAPH["serve"] and "serve" in GRAPH["cli"]
     assert "plamo2_tools.model.layout" in FILES["plamo2_tools.model.family"]
     planted = {**FILES, "plamo2_tools.model.layout": FILES["plamo2_tools.model.layout"] | {"plamo2_tools.model.family"}}
     assert "plamo2_tools.model.layout" in _reach(planted, "plamo2_tools.model.layout")

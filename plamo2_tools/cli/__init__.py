@@ -1,6 +1,6 @@
 """The `plamo2-tools` command line: a thin Typer layer over the library API.
 
-One module per command family (`checkpoints`, `shards`, `run`, `evaluate`, `reports`), the shared
+One module per command family (`checkpoints`, `shards`, `run`, `serve`, `evaluate`, `reports`), the shared
 options (`options`), the checks of their values (`validators`), where output goes (`console`) and
 the one error path (`errors`): every command prints one readable line (no traceback) for user
 errors and exits with the codes listed in `plamo2_tools.errors`; `--json` prints machine-readable
@@ -16,7 +16,7 @@ import typer
 from rich.logging import RichHandler
 
 from .. import __version__
-from . import checkpoints, evaluate, reports, run, shards
+from . import checkpoints, evaluate, reports, run, serve, shards
 from .console import err, out
 from .errors import OneLineErrors, handle_errors
 
@@ -60,6 +60,7 @@ COMMANDS = (
     ("demo", run.demo),
     ("verify", run.verify),
     ("generate", run.generate),
+    ("serve", serve.serve),
     ("eval", evaluate.eval_shards),
     ("gsm8k-task", evaluate.gsm8k_task),
     ("report", reports.report),

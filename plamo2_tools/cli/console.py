@@ -11,6 +11,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     DownloadColumn,
@@ -95,3 +96,48 @@ def step_progress(description: str, total: int, enabled: bool = True) -> Iterato
         yield progress
     finally:
         progress.stop()
+
+
+class RequestProgress:
+    """The bar of a batch file: requests finished of those to run, generated tokens per second
+    (on stderr, rank 0's only).  A context manager; `warn` prints a line above the bar."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self.bar: Progress | None = None
+        self.task: Any = None
+        self.tokens = 0
+        self.t0 = 0.0
+
+    def __enter__(self) -> RequestProgress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+    def start(self, todo: int, done: int) -> None:
+        import time
+
+        if done:
+            err.print(f"resuming: {done} requests already done", highlight=False)
+        if not self.enabled or not todo:
+            return
+        self.t0 = time.perf_counter()
+        self.bar = Progress(TextColumn("generate"), BarColumn(), MofNCompleteColumn(),
+                            TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), TimeRemainingColumn(),
+                            console=err)  # fmt: skip
+        self.bar.start()
+        self.task = self.bar.add_task("generate", total=todo, rate="")
+
+    def result(self, record: dict[str, Any]) -> None:
+        import time
+
+        self.tokens += int(record.get("usage", {}).get("completion_tokens", 0))
+        if self.bar is not None:
+            rate = self.tokens / max(time.perf_counter() - self.t0, 1e-9)
+            self.bar.update(self.task, advance=1, rate=f"{rate:,.1f} tokens/s")
+
+    def warn(self, line: str) -> None:
+        (self.bar.console if self.bar is not None else err).print(f"[yellow]warning:[/] {escape(line)}",
+                                                                  highlight=False, soft_wrap=True)  # fmt: skip

@@ -38,6 +38,7 @@ INTERRUPTED = {
     "demo": "{out} may hold unfinished layouts; run demo again to redo them",
     "report": "the report may be incomplete; run report again",
     "lm_eval_passthrough": "lm-eval's outputs may be incomplete",
+    "generate": "{out} holds the results finished so far; run the same command again to resume",
 }
 
 
@@ -88,7 +89,9 @@ def handle_errors(fn: F) -> F:
             raise typer.Exit(e.exit_code) from None
         except KeyboardInterrupt:
             left = INTERRUPTED.get(fn.__name__, "nothing was written")
-            target = kwargs.get("out_dir") or kwargs.get("workdir") or "the output"
+            target = kwargs.get("out_dir") or kwargs.get("workdir") or kwargs.get("output")
+            if target is None:  # e.g. generate --prompt, which writes no file
+                left, target = ("nothing was written" if "{out}" in left else left), "the output"
             error_line(left.format(out=target), label="interrupted")
             raise typer.Exit(130) from None
         except (typer.Exit, clicks.ClickException):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -13,7 +14,7 @@ import typer
 from rich.table import Table
 
 from ..errors import CheckFailed, UserError
-from .console import err, out, print_json, step_progress
+from .console import RequestProgress, err, out, print_json, step_progress
 from .options import Backend, CudaGraph, Device, Json, NoVerify, TrustRemoteCode, WindowConvention
 from .validators import (
     check_output_file,
@@ -23,6 +24,7 @@ from .validators import (
     forward_options,
     int_list,
     is_shard_dir,
+    parse_batch_size,
 )
 
 
@@ -189,11 +191,24 @@ def verify(
 
 def generate(
     shards: Annotated[Path, typer.Argument(help="A shard directory.")],
-    prompt: Annotated[str, typer.Option(help="The text to continue.")],
-    max_new_tokens: Annotated[int, typer.Option(help="Stop after this many new tokens.")] = 64,
-    temperature: Annotated[float, typer.Option(help="0 = greedy.")] = 0.0,
+    prompt: Annotated[str | None, typer.Option(help="The text to continue.")] = None,
+    input_file: Annotated[
+        Path | None,
+        typer.Option("--input", help="Requests, one a line: a prompt, or a JSON object with /v1/completions' fields."),
+    ] = None,
+    output: Annotated[
+        Path | None, typer.Option(help="With --input: results (JSON lines), written as they finish; resumed if there.")
+    ] = None,
+    strict: Annotated[bool, typer.Option(help="With --input: refuse the whole file if any line is malformed.")] = False,
+    max_batch: Annotated[
+        str, typer.Option(help='With --input: sequences decoding at once, or "auto" (as memory allows).')
+    ] = "auto",
+    max_new_tokens: Annotated[
+        int, typer.Option(help="Stop after this many new tokens (--input: lines' default).")
+    ] = 64,
+    temperature: Annotated[float, typer.Option(help="0 = greedy (--input: lines' default).")] = 0.0,
     top_p: Annotated[float, typer.Option(help="Nucleus sampling mass (with temperature > 0).")] = 1.0,
-    seed: Annotated[int, typer.Option(help="Sampling seed (the same on every rank).")] = 0,
+    seed: Annotated[int, typer.Option(help="Sampling seed (the same on every rank; --input: lines' base seed).")] = 0,
     device: Device = "cpu",
     backend: Backend = "auto",
     trust_remote_code: TrustRemoteCode = False,
@@ -202,11 +217,20 @@ def generate(
     cuda_graph: CudaGraph = True,
     as_json: Json = False,
 ) -> None:
-    """Continue a prompt with the runtime, streaming text as it is generated.
+    """Continue a prompt with the runtime, streaming text as it is generated; or, with --input and
+    --output, run a file of requests through continuous batching (docs/serve.md, "Batch files").
 
     Runs all ranks in this process; under `torchrun --nproc-per-node N` each process is one real rank
     and rank 0 prints.  Stops at the checkpoint's EOS token(s) or after --max-new-tokens.
     """
+    if (prompt is None) == (input_file is None):
+        raise UserError("give either --prompt TEXT or --input FILE (with --output FILE)")
+    if input_file is not None:
+        generate_file(shards, input_file, output, strict, max_batch, max_new_tokens, temperature, top_p, seed, device,
+                      backend, trust_remote_code, window_convention, no_verify, cuda_graph, as_json)  # fmt: skip
+        return
+    if output is not None or strict:
+        raise UserError("--output and --strict go with --input")
     from ..runtime.serving.engine import Runtime, load_tokenizer
     from ..runtime.serving.text import TextStream, decode_kept_specials, stop_token_ids
     from ..shards.manifest import load_manifest
@@ -250,3 +274,52 @@ def generate(
         else:
             sys.stdout.write(stream.finish() + "\n")
             err.print(f"{len(tokens)} tokens in {seconds:.2f} s ({len(tokens) / max(seconds, 1e-9):.1f} tokens/s)")
+
+
+def generate_file(shards: Path, input_file: Path, output: Path | None, strict: bool, max_batch: str,
+                  max_new_tokens: int, temperature: float, top_p: float, seed: int, device: str, backend: str,
+                  trust_remote_code: bool, window_convention: str | None, no_verify: bool, cuda_graph: bool,
+                  as_json: bool) -> None:  # fmt: skip
+    """`generate --input`: the batch file through the online loop (serve/batch.py)."""
+    from ..shards.manifest import load_manifest
+
+    if output is None:
+        raise UserError("--input needs --output FILE (the results, one JSON line per request)")
+    if not input_file.is_file():
+        raise UserError(f"--input {input_file}: no such file")
+    if output.resolve() == input_file.resolve():
+        raise UserError("--output must not be the --input file")
+    check_output_file(output, "--output")
+    check_sampling(temperature, top_p, max_new_tokens)
+    check_runtime_options(device, backend)
+    batch = parse_batch_size(max_batch)
+    if batch != "auto" and int(batch) < 1:
+        raise UserError(f"--max-batch {max_batch}: must be >= 1 or auto")
+    load_manifest(shards)
+    from ..runtime.serving.engine import Runtime
+    from ..serve.batch import run_batch
+
+    main = os.environ.get("RANK", "0") == "0"
+    bar = RequestProgress(enabled=main and not as_json)
+    defaults = {"max_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p, "seed": seed}
+    with (
+        Runtime(shards, device=device, backend=backend, verify_files=not no_verify, cuda_graph=cuda_graph,
+                trust_remote_code=trust_remote_code, forward_options=forward_options(window_convention)) as rt,
+        bar,
+    ):  # fmt: skip
+        summary = run_batch(rt, str(input_file), str(output), defaults, strict, batch,
+                            on_start=bar.start, on_result=bar.result,
+                            on_refused=lambda n, why: bar.warn(f"--input line {n}: {why}"))  # fmt: skip
+    if summary is None:  # a torchrun rank other than 0
+        return
+    if as_json:
+        print_json(dataclasses.asdict(summary))
+    else:
+        rate = summary.generated_tokens / max(summary.seconds, 1e-9)
+        err.print(f"{summary.ran} requests run, {summary.skipped} already in {output}, {len(summary.errors)} refused; "
+                  f"{summary.generated_tokens} tokens in {summary.seconds:.1f} s ({rate:.1f} tokens/s)",
+                  highlight=False, markup=False)  # fmt: skip
+    if summary.errors:
+        numbers = ", ".join(str(n) for n, _ in summary.errors[:10]) + (", ..." if len(summary.errors) > 10 else "")
+        raise UserError(f"{len(summary.errors)} of {summary.lines} input lines were refused (line(s) {numbers}); "
+                        f"their error records are in {output}")  # fmt: skip

@@ -18,12 +18,13 @@ from typing import Any
 
 from .. import __version__
 from ..errors import EnvironmentLimitError, UserError
-from . import bench_convert, bench_kernels, bench_runtime, checks, lmeval, tools, verify
+from . import bench_convert, bench_kernels, bench_runtime, bench_serve, checks, lmeval, tools, verify
 from .context import Context
 from .inputs import (
     BENCH_CONVERT,
     BENCH_KERNELS,
     BENCH_RUNTIME,
+    BENCH_SERVE,
     BENCH_TOKENIZER,
     CHECK,
     CONVERT,
@@ -50,6 +51,7 @@ SECTIONS: list[tuple[tuple[str, ...], str, Renderer]] = [
     ((BENCH_CONVERT,), "Convert benchmark", bench_convert.render),
     ((BENCH_KERNELS,), "Kernel benchmark", bench_kernels.render),
     ((BENCH_RUNTIME,), "Runtime throughput", bench_runtime.render),
+    ((BENCH_SERVE,), "Server under load", bench_serve.render),
     ((VLLM_COMPAT, VLLM_FORWARD, BENCH_TOKENIZER, KILL_RESUME), "Compatibility and robustness", checks.render),
     ((CONVERT, CHECK, INSPECT), "Tool output", tools.render),
 ]

@@ -43,6 +43,7 @@ VLLM_COMPAT_KIND = "plamo2-vllm-compat"  # bench/vllm_compat.py
 VLLM_FORWARD_KIND = "plamo3-vllm-forward"  # bench/plamo3_vllm_forward.py
 BENCH_TOKENIZER_KIND = "plamo2-bench-tokenizer"  # bench/tokenizer.py
 KILL_RESUME_KIND = "plamo2-bench-kill-resume"  # bench/kill_resume.py
+BENCH_SERVE_KIND = "plamo2-bench-serve"  # bench/serve.py
 
 # Report sections, in the order the report shows them (the names appear in "Read as" and --json).
 LMEVAL = "lm-eval"
@@ -50,6 +51,7 @@ VERIFY = "verify"
 BENCH_CONVERT = "bench-convert"
 BENCH_KERNELS = "bench-kernels"
 BENCH_RUNTIME = "bench-runtime"
+BENCH_SERVE = "bench-serve"
 CONVERT = "convert"
 CHECK = "check"
 INSPECT = "inspect"
@@ -57,8 +59,8 @@ VLLM_COMPAT = "vllm-compat"
 VLLM_FORWARD = "vllm-forward"
 BENCH_TOKENIZER = "bench-tokenizer"
 KILL_RESUME = "kill-resume"
-KINDS = (LMEVAL, VERIFY, BENCH_CONVERT, BENCH_KERNELS, BENCH_RUNTIME, VLLM_COMPAT, VLLM_FORWARD, BENCH_TOKENIZER,
-         KILL_RESUME, CONVERT, CHECK, INSPECT)  # fmt: skip
+KINDS = (LMEVAL, VERIFY, BENCH_CONVERT, BENCH_KERNELS, BENCH_RUNTIME, BENCH_SERVE, VLLM_COMPAT, VLLM_FORWARD,
+         BENCH_TOKENIZER, KILL_RESUME, CONVERT, CHECK, INSPECT)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -78,6 +80,7 @@ SCHEMAS: dict[str, Schema] = {
     BENCH_CONVERT_KIND: Schema(BENCH_CONVERT, (1,), {"baseline": dict, "results": list}),
     BENCH_KERNELS_KIND: Schema(BENCH_KERNELS, (1,), {"records": list}),  # kernels.jsonl: the lines are the records
     BENCH_RUNTIME_KIND: Schema(BENCH_RUNTIME, (1,), {"runs": list}),
+    BENCH_SERVE_KIND: Schema(BENCH_SERVE, (1,), {"runs": list, "config": dict}),
     CONVERT_KIND: Schema(CONVERT, (1,), {"tp": int, "pp": int, "ranks": list}),
     CHECK_KIND: Schema(CHECK, (1,), {"path": str, "ok": bool, "checks": dict}),
     INSPECT_KIND: Schema(INSPECT, (1,), {"path": str, "config": dict, "layers": list}),

@@ -19,6 +19,7 @@ from plamo2_tools.report.inputs import (
     BENCH_CONVERT_KIND,
     BENCH_KERNELS_KIND,
     BENCH_RUNTIME_KIND,
+    BENCH_SERVE_KIND,
     SCHEMAS,
     VLLM_FORWARD_KIND,
     classify,
@@ -58,7 +59,8 @@ def test_every_writer_is_read_in_the_version_it_writes() -> None:
 
 
 @pytest.mark.parametrize(("script", "kind"), [("convert.py", BENCH_CONVERT_KIND), ("kernels.py", BENCH_KERNELS_KIND),
-                                               ("plamo3_vllm_forward.py", VLLM_FORWARD_KIND)])  # fmt: skip
+                                               ("plamo3_vllm_forward.py", VLLM_FORWARD_KIND),
+                                               ("serve.py", BENCH_SERVE_KIND)])  # fmt: skip
 def test_bench_scripts_write_the_kind_the_report_reads(script: str, kind: str) -> None:
     constants = module_constants(ROOT / "bench" / script)
     assert constants["KIND"] == kind

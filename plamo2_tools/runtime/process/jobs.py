@@ -12,6 +12,7 @@ Worker side: `python -m plamo2_tools.runtime.process.jobs JOB.json` (started by 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import traceback
 from collections.abc import Callable
@@ -23,7 +24,7 @@ from ...shards import load_manifest
 from ...shards.integrity import verify_shard_files
 from ..serving.engine import Runtime
 from .launch import launch as launch_ranks
-from .launch import resolve_job, save_result
+from .launch import launch_service, resolve_job, save_result
 
 T = TypeVar("T")
 
@@ -50,6 +51,16 @@ def run_job(
         return job(rt, **args)
 
 
+def run_service(job: Callable[..., Any], runtime: dict[str, Any], args: dict[str, Any],
+                extra_env: dict[str, str] | None = None) -> int:  # fmt: skip
+    """A long-lived job (a server) on fresh torchrun ranks (`launch.launch_service`): the shard
+    files checked here first, once, as `run_job` does; the ranks' exit code."""
+    manifest = load_manifest(runtime["shards"])
+    world = manifest.mapping.world_size
+    verify_shard_files(manifest, range(world), digests=runtime.get("verify_files", True))
+    return launch_service(job, {"runtime": {**runtime, "verify_files": False}, **args}, world, extra_env)
+
+
 def main(spec_path: str) -> int:
     spec = json.loads(Path(spec_path).read_text())
     args = dict(spec["args"])
@@ -58,6 +69,8 @@ def main(spec_path: str) -> int:
     try:
         with Runtime(mode="dist", **runtime_args) as rt:
             rank = rt.rank
+            if rt.is_main and spec.get("pid_file"):  # launch_service signals rank 0 here
+                Path(spec["pid_file"]).write_text(str(os.getpid()))
             result = resolve_job(spec["job"])(rt, **args)
             if rt.is_main:
                 save_result(result, Path(spec["result"]))

@@ -64,6 +64,7 @@ class OnlineRequest:
     stream: int = 0  # the choice index: choices of one seed draw different tokens
     stop: tuple[str, ...] = ()  # stop strings, matched against the generated text
     prompt_logprobs: int | None = None  # k >= 0: logprobs of every prompt token with k alternatives
+    ignore_eos: bool = False  # True: the checkpoint's EOS ids do not end it (benchmarks; vLLM's extension)
 
 
 @dataclass(frozen=True)
@@ -276,7 +277,8 @@ class RankIntake:
             stop = cmd.watcher
         t, p = (float(req.temperature), float(req.top_p)) if req.temperature > 0 else (0.0, 1.0)
         loop.sched.add([Request(cmd.index, list(req.prompt), int(req.max_tokens), request_key(cmd.seed, req.stream),
-                                temperature=t, top_p=p, stop=stop, tag=req.request_id)])  # fmt: skip
+                                temperature=t, top_p=p, stop=stop, tag=req.request_id,
+                                eos=frozenset() if req.ignore_eos else None)])  # fmt: skip
 
 
 # ---- the host side ---------------------------------------------------------------------------------

@@ -70,6 +70,7 @@ class Request:
     top_p: float = 1.0
     stop: StopFn | None = None  # this request's stop(index, tokens) (else the scheduler's)
     tag: Any = None  # the caller's handle (online: the request id)
+    eos: frozenset[int] | None = None  # this request's EOS ids (else the scheduler's; empty: ignore EOS)
     tokens: list[int] = field(default_factory=list)
     logits: list[Tensor] = field(default_factory=list)
     issued: int = 0  # tokens the device was asked to produce
@@ -296,7 +297,7 @@ class Scheduler:
         r.tokens.append(token)
         if logits is not None:
             r.logits.append(logits)
-        if token in self.eos:
+        if token in (self.eos if r.eos is None else r.eos):
             r.stop_reason = token
             self._close(r, len(r.tokens), "stop")
         elif len(r.tokens) >= r.max_new:

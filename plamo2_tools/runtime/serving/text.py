@@ -113,39 +113,95 @@ def cut_at_stop(text: str, stops: Sequence[str]) -> tuple[str, bool]:
     return (text, False) if cut < 0 else (text[:cut], True)
 
 
-class TextStream:
-    """Text deltas of one sequence as its tokens arrive: a delta is released only once it ends in a
-    whole character (a multi-byte character split over byte tokens decodes to U+FFFD until its
-    last byte arrives), and the text before a stop string never includes a byte of it."""
+# Prompt tokens kept as decoding context before the first generated one (vLLM's
+# INITIAL_INCREMENTAL_DETOKENIZATION_OFFSET): enough for any leading-space rule.
+CONTEXT_TOKENS = 5
+REPLACEMENT = "\ufffd"
 
-    def __init__(self, decode: Decode, stops: Sequence[str] = ()) -> None:
-        self.decode, self.stops = decode, [s for s in stops if s]
-        self.tokens: list[int] = []
-        self.sent = ""  # text already given out
-        self.stopped = False
-        # Text that could still turn out to be the start of a stop string is held back.
-        self.hold = max((len(s) for s in self.stops), default=1) - 1
+
+class TextStream:
+    """Text deltas of one sequence as its tokens arrive, for every caller that shows text while it
+    is generated (`generate`, the server, batch files).  The rules:
+
+    * the deltas concatenate to the sequence's text, cut right before the earliest stop string
+      (the stop string and everything after it are never given out);
+    * text that may still turn out to be the start of a stop string is held back (exactly the
+      longest suffix that begins one), and released at `finish` if no stop string came; text is
+      never taken back;
+    * a character split over byte tokens is released once complete (held back while the text
+      ends in U+FFFD), an incomplete one at the end comes out as U+FFFD.
+
+    `stopped` is the stop string once found: the token that completed it was the sequence's last
+    (pushing more is a bug).  Callers do not push an EOS token whose text they do not show.
+
+    Decoding follows vLLM's incremental detokenizer (prefix/read offsets): each step decodes a
+    short window ending at the newest token and keeps the part beyond the window's already
+    released prefix, so a step costs O(window), not O(length), and tokenizers whose pieces render
+    differently at the start of a text (a leading space) give the text a full decode gives.
+    `context` (a few prompt tokens) makes the first generated token render as it would after the
+    prompt; without it the text is decode(generated tokens), the text eval cuts.
+    """
+
+    def __init__(self, decode: Decode, stops: Sequence[str] = (), context: Sequence[int] = ()) -> None:
+        self.decode = decode
+        self.stops = tuple(s for s in stops if s)  # '' would stop before anything
+        self.ids = list(context[-CONTEXT_TOKENS:]) if context else []
+        self.prefix = 0  # start of the decoding window
+        self.read = len(self.ids)  # tokens before this have their text given out (or held)
+        self.held = ""  # decoded but not given out: could be the start of a stop string
+        self.stopped: str | None = None  # the stop string found, once found
 
     def push(self, token: int) -> str:
-        """Take one token; the text that may be shown now."""
-        if self.stopped:
-            return ""
-        self.tokens.append(token)
-        return self._release(final=False)
+        """Add one generated token; the text it releases (possibly '')."""
+        return self.extend((token,))
+
+    def extend(self, tokens: Sequence[int]) -> str:
+        """Add several generated tokens at once (one decode): the text they release, the same as
+        their pushes' together."""
+        if self.stopped is not None:
+            raise RuntimeError("TextStream.push after a stop string: that token was the last")
+        self.ids.extend(int(t) for t in tokens)
+        return self._release(self._new_text(final=False))
 
     def finish(self) -> str:
-        """The rest of the text once generation ended."""
-        return "" if self.stopped else self._release(final=True)
+        """The end of a sequence that did not stop on a string (EOS, max_tokens): what is held back."""
+        if self.stopped is not None:
+            return ""
+        out = self._release(self._new_text(final=True))
+        if self.stopped is None:
+            out, self.held = out + self.held, ""
+        return out
 
-    def _release(self, final: bool) -> str:
-        text = self.decode(self.tokens)
-        text, hit = cut_at_stop(text, self.stops)
-        if hit:
-            self.stopped = True
-        elif not final:
-            if text.endswith("\ufffd"):  # wait for whole UTF-8 characters
-                return ""
-            text = text[: max(len(self.sent), len(text) - self.hold)]
-        delta = text[len(self.sent) :] if text.startswith(self.sent) else ""
-        self.sent += delta
-        return delta
+    def _new_text(self, final: bool) -> str:
+        """Text the tokens since the last release add, or '' while a character is incomplete."""
+        before = self.decode(self.ids[self.prefix : self.read])
+        window = self.decode(self.ids[self.prefix :])
+        if len(window) <= len(before) or (window.endswith(REPLACEMENT) and not final):
+            return ""
+        self.prefix, self.read = self.read, len(self.ids)
+        del self.ids[: self.prefix]  # never decoded again
+        self.read -= self.prefix
+        self.prefix = 0
+        return window[len(before) :]
+
+    def _release(self, new: str) -> str:
+        text = self.held + new
+        found = [(i, s) for s in self.stops if (i := text.find(s)) >= 0]
+        if found:
+            at, stop = min(found, key=lambda f: f[0])
+            self.stopped, self.held = stop, ""
+            return text[:at]
+        keep = self._stop_prefix_length(text)
+        self.held = text[len(text) - keep :] if keep else ""
+        return text[: len(text) - keep]
+
+    def _stop_prefix_length(self, text: str) -> int:
+        """The longest suffix of `text` that begins some stop string: it must wait.  (Any later
+        occurrence starting before it would make a longer such suffix.)"""
+        best = 0
+        for s in self.stops:
+            for n in range(min(len(s) - 1, len(text)), best, -1):
+                if text.endswith(s[:n]):
+                    best = n
+                    break
+        return best
