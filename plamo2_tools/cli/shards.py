@@ -114,12 +114,24 @@ def merge(
 
 def check(
     path: Annotated[Path, typer.Argument(help="A shard directory made by `plamo2-tools convert`.")],
+    source: Annotated[
+        Path | None,
+        typer.Option(
+            help="Also re-derive every tensor of every rank from this HF checkpoint (the one converted) and "
+            "compare the bytes: catches a writer bug that the recorded digests cannot."
+        ),
+    ] = None,
     as_json: Json = False,
 ) -> None:
     """Verify a shard directory without running the model: files, sizes and digests, headers and
-    metadata, tensor digests, replicas, vocab padding and source coverage.  Exit 1 on a problem."""
+    metadata, tensor digests, replicas, vocab padding and source coverage; with --source, every
+    tensor against the source checkpoint.  Exit 1 on a problem."""
     from ..shards.check import check_shards
     from ..shards.manifest import load_manifest
+
+    if source is not None:
+        _check_source(path, source, as_json)
+        return
 
     total = sum(f.size for f in load_manifest(path).files.values())
     with byte_progress(f"check {path}", total, enabled=not as_json) as progress:
@@ -142,3 +154,24 @@ def check(
         raise CheckFailed(f"{path}: {problems} problem(s) in: {', '.join(failed)}")
     if not as_json:
         out.print(f"[green]ok[/]: {path} is complete and matches its manifest")
+
+
+def _check_source(path: Path, source: Path, as_json: bool) -> None:
+    from ..shards.manifest import load_manifest
+    from ..shards.source_check import check_against_source
+
+    m = load_manifest(path)
+    total = sum(e.tensor.nbytes for entries in m.entries.values() for e in entries.values())
+    with byte_progress(f"check {path} against {source}", total, enabled=not as_json) as progress:
+        report = check_against_source(path, source, progress=progress)
+    if as_json:
+        print_json(report.to_dict())
+    else:
+        for line in report.problems[:20]:
+            out.print(f"  [red]source[/]: {line}", highlight=False)
+        if len(report.problems) > 20:
+            out.print(f"  ... and {len(report.problems) - 20} more", highlight=False)
+    if not report.ok:
+        raise CheckFailed(f"{path}: {len(report.problems)} problem(s) against {source}; first: {report.problems[0]}")
+    if not as_json:
+        out.print(f"[green]ok[/]: all {report.tensors} tensors of {path} match {source}", highlight=False)
