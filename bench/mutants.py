@@ -681,6 +681,25 @@ mutant(
     "a user's *.tmp file is overwritten",
 )
 
+mutant(
+    "engine-side-file-no-fsync",
+    "durability",
+    ENGINE,
+    "        fsync_file(tmp)\n",
+    "",
+    T_DURABLE,
+    "config.json renamed into place before its bytes are on disk",
+)
+mutant(
+    "outputs-remove-siblings",
+    "durability",
+    OUTPUTS,
+    "for candidate in (name, *(name + s for s in SIBLINGS)):",
+    "for candidate in (name,):",
+    T_DURABLE,
+    "a re-run with other options refuses the killed run's own .partial files",
+)
+
 # ---- tokenizer pair inputs -------------------------------------------------------------------------------
 HF = "plamo2_tools/tokenizer/hf.py"
 T_ENC = ("tests/tokenizer/test_encoder.py",)
