@@ -366,6 +366,25 @@ mutant(
     "only the first part of each rank is loaded",
 )
 
+mutant(
+    "integrity-size-check",
+    "rank-damage",
+    INTEGRITY,
+    "if st.st_size != record.size:",
+    "if st.st_size > record.size:",
+    ("tests/cli/test_run_errors.py",),
+    "a truncated file gets past the size check",
+)
+mutant(
+    "integrity-header-rank",
+    "rank-damage",
+    INTEGRITY,
+    'if key != "plamo2_tools_version" and meta.get(key) != want:',
+    'if key == "format" and meta.get(key) != want:',
+    ("tests/cli/test_run_errors.py",),
+    "another rank's file loaded under this rank's name",
+)
+
 # ---- sampling: against a recomputation from (seed, request, step) -----------------------------------
 mutant(
     "graphs-first-step",
@@ -539,6 +558,16 @@ mutant(
     "if tokens and tokens[0] in set(stop_ids):",
     T_STOPS,
     "the EOS text reaches lm-eval",
+)
+
+mutant(
+    "sched-eos-dropped",
+    "scheduler",
+    SCHED,
+    '            r.stop_reason = token\n            self._close(r, len(r.tokens), "stop")',
+    '            r.stop_reason = token\n            self._close(r, len(r.tokens) - 1, "stop")',
+    ("tests/runtime/test_generation.py",),
+    "the EOS token is not returned",
 )
 
 # ---- the lock ------------------------------------------------------------------------------------------
