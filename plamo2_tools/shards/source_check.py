@@ -89,6 +89,9 @@ class _Source:
             out[name] = _ST_DTYPES[code]
         return out
 
+    def shape(self, name: str) -> tuple[int, ...]:
+        return tuple(self._open[self.where[name]].get_slice(name).get_shape())
+
     def piece(self, p: Piece) -> torch.Tensor:
         if p.source not in self.where:
             raise CheckpointError(f"source tensor {p.source} is not in the checkpoint")
@@ -155,6 +158,10 @@ def check_against_source(
         report.problems.append(f"{src}/config.json is not the config these shards were converted from")
     with ExitStack() as stack:
         source = _Source(src, stack)
+        inventory = _inventory_problems(m, source)
+        if inventory:  # another model: cutting its tensors by this layout would mean nothing
+            report.problems += inventory
+            return report
         shard_files: dict[str, Any] = {}
         for rank, t in _planned(m, source):
             entry = m.entries.get(rank, {}).get(t.key)
@@ -168,6 +175,18 @@ def check_against_source(
             if stop_at is not None and len(report.problems) >= stop_at:
                 break
     return report
+
+
+def _inventory_problems(m: Manifest, source: _Source) -> list[str]:
+    """The source holds the tensors the shards were cut from, with the recorded shapes."""
+    problems = []
+    for name, rec in m.source_tensors.items():
+        if name not in source.where:
+            problems.append(f"source tensor {name} is not in the checkpoint")
+        elif source.shape(name) != tuple(rec.shape):
+            problems.append(f"source tensor {name} is {list(source.shape(name))}, the shards were cut from "
+                            f"{list(rec.shape)}")  # fmt: skip
+    return problems
 
 
 def _compare(m: Manifest, rank: int, t: OutputTensor, file: str, source: _Source, opened: dict[str, Any],

@@ -123,3 +123,12 @@ def test_casts_and_gathers_in_many_chunks(cli, checkpoint, tmp_path: Path, monke
 def test_a_source_that_is_not_a_checkpoint_is_refused(cli, shards, tmp_path: Path, one_line_error) -> None:
     r = cli("check", shards("tiny", 1, 1), "--source", tmp_path, expect=2)
     assert "not an HF checkpoint" in one_line_error(r, 2)
+
+
+def test_another_models_checkpoint_is_named_not_cut(cli, shards, checkpoint) -> None:
+    """The source of another preset: its config and its tensors' shapes are named, nothing is sliced."""
+    r = cli("check", shards("tiny", 1, 1), "--source", checkpoint("tiny-gqa"), "--json", expect=1)
+    report = json.loads(r.stdout)
+    assert report["tensors_compared"] == 0
+    assert "config.json is not the config" in report["problems"][0]
+    assert any("the shards were cut from" in p or "is not in the checkpoint" in p for p in report["problems"])
