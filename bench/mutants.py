@@ -385,6 +385,18 @@ mutant(
     "another rank's file loaded under this rank's name",
 )
 
+mutant(
+    "integrity-refuse-multipart",
+    "multi-part",
+    INTEGRITY,
+    "    files = [(rank, name) for rank in ranks for name in m.rank_files(rank)]\n",
+    "    files = [(rank, name) for rank in ranks for name in m.rank_files(rank)]\n"
+    "    if any(len(m.rank_files(r)) > 1 for r, _ in files):\n"
+    '        raise CheckpointError(f"{m.path}: more than one file per rank")\n',
+    T_MULTIPART,
+    "every multi-part directory (plamo-2-8b at the default part size) refused",
+)
+
 # ---- sampling: against a recomputation from (seed, request, step) -----------------------------------
 mutant(
     "graphs-first-step",
@@ -727,6 +739,16 @@ mutant(
     "for candidate in (name,):",
     T_DURABLE,
     "a re-run with other options refuses the killed run's own .partial files",
+)
+
+mutant(
+    "errors-os-error-swapped",
+    "errors",
+    ERR,
+    "cls = EnvironmentLimitError if e.errno in ENVIRONMENT_ERRNOS else UserError",
+    "cls = UserError if e.errno in ENVIRONMENT_ERRNOS else EnvironmentLimitError",
+    T_ERRORS,
+    "a full disk blamed on the user, a missing file on the machine",
 )
 
 # ---- tokenizer pair inputs -------------------------------------------------------------------------------
