@@ -397,6 +397,25 @@ mutant(
     "every multi-part directory (plamo-2-8b at the default part size) refused",
 )
 
+mutant(
+    "runtime-verify-rank0-only",
+    "rank-damage",
+    "plamo2_tools/runtime/serving/engine.py",
+    'own = [int(os.environ.get("RANK", "0"))] if self.mode == "dist" else range(mapping.world_size)',
+    'own = [int(os.environ.get("RANK", "0"))] if self.mode == "dist" else range(1)',
+    T_MULTIPART,
+    "thread ranks load the other ranks' files unverified",
+)
+mutant(
+    "launch-verify-rank0-only",
+    "rank-damage",
+    "plamo2_tools/runtime/process/jobs.py",
+    'verify_shard_files(manifest, range(world), digests=runtime.get("verify_files", True))',
+    'verify_shard_files(manifest, range(1), digests=runtime.get("verify_files", True))',
+    T_MULTIPART,
+    "torchrun ranks start on damaged files (they skip their own check after the launcher's)",
+)
+
 # ---- sampling: against a recomputation from (seed, request, step) -----------------------------------
 mutant(
     "graphs-first-step",
