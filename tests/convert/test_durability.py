@@ -1,5 +1,6 @@
-"""What survives a power cut or a kill (issue 24): every file is fsynced before it is renamed into
-place and its directory after; a run killed half way leaves `.partial` files that a re-run (with
+"""What survives a power cut or a kill (issue 24): every file's data is fsynced before the file
+that announces the output complete (the manifest, merge's record) is renamed into place, and the
+directory after; a run killed half way leaves `.partial` files that a re-run (with
 the same or other options) treats as its own; a user's `*.partial` / `*.tmp` files beside ours
 are never written over, even with --force.
 
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from plamo2_tools.outputs import RECORD_NAME
 from plamo2_tools.shards.journal import JOURNAL_NAME
 from plamo2_tools.shards.manifest import MANIFEST_NAME
 
@@ -41,28 +43,33 @@ def calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str, str]]:
     return seen
 
 
-def _assert_durable(calls: list[tuple[str, str, str]], out: Path) -> int:
-    """Each rename into `out`: its source fsynced before it, the directory fsynced after it."""
+def _assert_durable(calls: list[tuple[str, str, str]], out: Path, commit: str) -> int:
+    """Nothing is announced before it is on disk: every file renamed into `out` has its data fsynced
+    (under its temporary or its final name) before `commit` (the manifest, or the record that says
+    complete) is renamed into place, `commit` itself before its rename, and the directory after."""
     out = Path(os.path.realpath(out))
     renames = [(i, src, dst) for i, (what, src, dst) in enumerate(calls) if what == "replace"
                and Path(dst).parent == out]  # fmt: skip
+    done = max(i for i, _, dst in renames if Path(dst).name == commit)
+    synced = {path for what, path, _ in calls[:done] if what == "fsync"}
     for i, src, dst in renames:
-        assert ("fsync", src, "") in calls[:i], f"{Path(dst).name}: renamed into place without an fsync of its data"
-        assert ("fsync", str(out), "") in calls[i + 1 :], f"{Path(dst).name}: the directory was not fsynced after"
+        if i <= done:
+            assert {src, dst} & synced, f"{Path(dst).name}: in place before its data was fsynced"
+    assert ("fsync", str(out), "") in calls[done + 1 :], "the directory was not fsynced after the commit"
     return len(renames)
 
 
-def test_convert_fsyncs_every_file_before_renaming_it(cli, calls, checkpoint, tmp_path: Path) -> None:
+def test_convert_fsyncs_every_file_before_the_manifest(cli, calls, checkpoint, tmp_path: Path) -> None:
     out = tmp_path / "out"
     cli("convert", checkpoint("tiny-gqa"), out, "--tp", 2, "--max-part-size", "30000", "--json")
-    renamed = _assert_durable(calls, out)
+    renamed = _assert_durable(calls, out, MANIFEST_NAME)
     assert renamed >= len(list(out.glob("*.safetensors"))) + 1  # the shard files and the manifest
 
 
-def test_merge_fsyncs_every_file_before_renaming_it(cli, calls, shards, tmp_path: Path) -> None:
+def test_merge_fsyncs_every_file_before_its_record(cli, calls, shards, tmp_path: Path) -> None:
     out = tmp_path / "merged"
     cli("merge", shards("tiny-gqa", 2, 1), out, "--json")
-    assert _assert_durable(calls, out) >= 2
+    assert _assert_durable(calls, out, RECORD_NAME) >= 2
 
 
 # ---- a killed run, then a re-run ------------------------------------------------------------------------
