@@ -258,6 +258,16 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def fsync_file(path: Path) -> None:
+    """Flush a file written by someone else's code (shutil.copyfile) before it is renamed into
+    place: without it a power cut can leave the new name on an empty file."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def atomic_write_text(path: Path, text: str) -> None:
     """Write a small file through a temporary name, fsync and rename (used for manifests)."""
     tmp = path.with_name(path.name + ".tmp")

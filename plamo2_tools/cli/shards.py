@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.table import Table
@@ -114,20 +114,51 @@ def merge(
 
 def check(
     path: Annotated[Path, typer.Argument(help="A shard directory made by `plamo2-tools convert`.")],
+    source: Annotated[
+        Path | None,
+        typer.Option(
+            help="Also re-derive every tensor of every rank from this HF checkpoint (the one converted) and "
+            "compare the bytes: catches a writer bug that the recorded digests cannot."
+        ),
+    ] = None,
     as_json: Json = False,
 ) -> None:
     """Verify a shard directory without running the model: files, sizes and digests, headers and
-    metadata, tensor digests, replicas, vocab padding and source coverage.  Exit 1 on a problem."""
+    metadata, tensor digests, replicas, vocab padding and source coverage; with --source, also every
+    tensor against the source checkpoint.  Exit 1 on a problem."""
+    if source is not None:
+        from ..shards.source_check import source_files
+
+        source_files(source)  # a wrong --source is refused before the long structural pass
+    structure = _check_structure(path, as_json)
+    against = _check_source(path, source, as_json) if source is not None else None
+    if as_json:
+        if against is None:
+            print_json(structure.to_dict())
+        else:
+            print_json({**against.to_dict(), "ok": structure.ok and against.ok, "structure": structure.to_dict()})
+    failures = []
+    if not structure.ok:
+        failed = [name for name, found in structure.checks.items() if found]
+        failures.append(f"{sum(len(v) for v in structure.checks.values())} problem(s) in: {', '.join(failed)}")
+    if against is not None and not against.ok:
+        failures.append(f"{len(against.problems)} problem(s) against {source}; first: {against.problems[0]}")
+    if failures:
+        raise CheckFailed(f"{path}: {'; '.join(failures)}")
+    if not as_json:
+        out.print(f"[green]ok[/]: {path} is complete and matches its manifest", highlight=False)
+        if against is not None:
+            out.print(f"[green]ok[/]: all {against.tensors} tensors match {source}", highlight=False)
+
+
+def _check_structure(path: Path, as_json: bool) -> Any:
     from ..shards.check import check_shards
     from ..shards.manifest import load_manifest
 
     total = sum(f.size for f in load_manifest(path).files.values())
     with byte_progress(f"check {path}", total, enabled=not as_json) as progress:
         report = check_shards(path, progress=progress)
-    problems = sum(len(v) for v in report.checks.values())
-    if as_json:
-        print_json(report.to_dict())
-    else:
+    if not as_json:
         table = Table(title=f"check: {path}")
         table.add_column("check")
         table.add_column("result")
@@ -137,8 +168,20 @@ def check(
         for name, found in report.checks.items():
             for line in found:
                 out.print(f"  [red]{name}[/]: {line}", highlight=False)
-    if not report.ok:
-        failed = [name for name, found in report.checks.items() if found]
-        raise CheckFailed(f"{path}: {problems} problem(s) in: {', '.join(failed)}")
+    return report
+
+
+def _check_source(path: Path, source: Path, as_json: bool) -> Any:
+    from ..shards.manifest import load_manifest
+    from ..shards.source_check import check_against_source
+
+    m = load_manifest(path)
+    total = sum(e.tensor.nbytes for entries in m.entries.values() for e in entries.values())
+    with byte_progress(f"check {path} against {source}", total, enabled=not as_json) as progress:
+        report = check_against_source(path, source, progress=progress)
     if not as_json:
-        out.print(f"[green]ok[/]: {path} is complete and matches its manifest")
+        for line in report.problems[:20]:
+            out.print(f"  [red]source[/]: {line}", highlight=False)
+        if len(report.problems) > 20:
+            out.print(f"  ... and {len(report.problems) - 20} more", highlight=False)
+    return report

@@ -29,7 +29,7 @@ from ..digest import SHA256, hash_range, mapped_windows, new_hash
 from ..dtypes import dtype_name
 from ..errors import CheckpointError, OutputExistsError, UserError
 from ..outputs import check_free_space, make_output_dir, refuse_foreign, remove_outputs
-from ..safetensors_io import PartialFile, fsync_dir, read_header
+from ..safetensors_io import PartialFile, fsync_dir, fsync_file, read_header
 from ..shards.formats import HASH, WRITTEN, combine_file_digest, header_bytes
 from ..shards.journal import Journal
 from ..shards.lock import OutputLock, ensure_not_being_written
@@ -213,6 +213,7 @@ def _copy_side_files(source: Source, out: Path) -> list[str]:
     for p in side_files(source.path):
         tmp = out / (p.name + ".tmp")
         shutil.copyfile(p, tmp)
+        fsync_file(tmp)
         os.replace(tmp, out / p.name)
         copied.append(p.name)
     return copied

@@ -18,6 +18,7 @@ from ..errors import UserError
 from ..model import hf_tensor_shapes
 from ..model.checkpoint import INDEX_NAME, hf_file_names, write_hf_weights
 from ..outputs import check_free_space, make_output_dir, prepare_output, write_record
+from ..safetensors_io import fsync_file
 from ..shards.lock import OutputLock, ensure_not_being_written
 from .engine import CHUNK_BYTES
 from .plan import DEFAULT_MAX_PART_SIZE, output_path_problems
@@ -97,6 +98,7 @@ def _groups(source: ShardSource, tensors: list[str], max_part_size: int) -> list
 def _copy(src: Path, out: Path) -> None:
     tmp = out / (src.name + ".tmp")
     shutil.copyfile(src, tmp)
+    fsync_file(tmp)
     os.replace(tmp, out / src.name)
 
 

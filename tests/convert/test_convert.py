@@ -98,6 +98,7 @@ def test_many_small_chunks(cli, checkpoint, tmp_path: Path, monkeypatch: pytest.
         want = expected_rank(hf, cfg, tp, stages, rank)
         assert_same_tensors(load_rank(out, rank), want, f"{preset} tp={tp} pp={pp} rank {rank}", Watermark(cfg).decode)
     cli("check", out, "--json")  # digests and padding of a chunk-by-chunk written file
+    cli("check", out, "--source", checkpoint(preset, values="watermark"), "--json")  # and every byte
 
 
 # ---- how bytes are copied -----------------------------------------------------------------------------
@@ -111,6 +112,7 @@ def test_every_copy_path_writes_the_same_bytes(cli, checkpoint, tmp_path: Path, 
     used = {k for k in ("copy_file_range", "sendfile", "user") if r["copy"]["bytes"][k]}
     assert used == {mode}
     _same_files(tmp_path / "auto", tmp_path / mode)
+    cli("check", tmp_path / mode, "--source", src, "--json")
     a, b = (json.loads((tmp_path / d / MANIFEST_NAME).read_text()) for d in ("auto", mode))
     assert (a["files"], a["tensors"]) == (b["files"], b["tensors"])
 
