@@ -23,8 +23,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from ..digest import SHA256, hash_range, mapped_windows, new_hash
 from ..dtypes import dtype_name
 from ..errors import CheckpointError, OutputExistsError, UserError
@@ -315,14 +313,7 @@ def convert(
     if workers is not None and workers < 1:
         raise UserError(f"--workers must be at least 1, not {workers}")
     options = _Options(copy, workers or default_workers(), verify_blobs)
-    threads = torch.get_num_threads()
-    # Each worker thread runs its own small transforms; torch's OpenMP workers would only spin on
-    # the cores the copying and hashing threads need.
-    torch.set_num_threads(1)
-    try:
-        return _convert(src, Path(out), tp, pp, pp_layers, dtype, max_part_size, force, progress, on_plan, options)
-    finally:
-        torch.set_num_threads(threads)
+    return _convert(src, Path(out), tp, pp, pp_layers, dtype, max_part_size, force, progress, on_plan, options)
 
 
 @dataclass(frozen=True)

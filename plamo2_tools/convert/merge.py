@@ -12,7 +12,7 @@ import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import torch
+import numpy as np
 
 from ..errors import UserError
 from ..model import hf_tensor_shapes
@@ -58,7 +58,7 @@ def merge(
         check_free_space(out, sum(source.tensors[n].row_bytes * source.tensors[n].rows for n in tensors), "the merge")
         write_record(out, "merge", str(source.path), writes, "writing")
 
-        def chunks(name: str) -> Iterator[tuple[int, torch.Tensor]]:
+        def chunks(name: str) -> Iterator[tuple[int, np.ndarray]]:
             st = source.tensors[name]
             step = max(1, CHUNK_BYTES // st.row_bytes)
             for a in range(0, st.rows, step):

@@ -33,11 +33,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from ..digest import Hasher, hash_range, mapped_windows, new_hash
+from ..dtypes import FLOAT32, DType
 from ..errors import CheckpointError, EnvironmentLimitError
-from ..model.layout import OutputTensor, apply_transforms
+from ..model.layout import OutputTensor, Transform, apply_transforms, apply_values
+from ..numerics import from_torch, to_torch
 from ..safetensors_io import PartialFile, pread_into, tensor_bytes
 from .sources import Source
 
@@ -277,9 +278,9 @@ class Writer:
 
     def _compute(self, seg: Compute, job: Job, pos: int, h: Hasher | None) -> None:
         t = job.tensor
-        if seg.index < 0:
-            self._emit(job.part, pos, tensor_bytes(apply_transforms(torch.empty(t.shape), t.transforms, t.dtype)), h,
-                       "compute")  # fmt: skip
+        if seg.index < 0:  # a constant: its chain starts from float32 (a `fill`)
+            values = transformed(np.empty(t.shape, np.float32), FLOAT32, t.transforms, t.dtype)
+            self._emit(job.part, pos, tensor_bytes(values), h, "compute")
             return
         p = t.pieces[seg.index]
         st = self.source.tensors[p.source]  # type: ignore[index]
@@ -290,9 +291,18 @@ class Writer:
             rows = self.source.read_rows(p.source, a, b)  # type: ignore[arg-type]
             if p.dim == 1:
                 rows = rows[:, p.start : p.start + p.length]
-            data = tensor_bytes(apply_transforms(rows, t.transforms, t.dtype))
+            data = tensor_bytes(transformed(rows, st.dtype, t.transforms, t.dtype))
             self._emit(job.part, pos, data, h, "compute")
             pos += len(data)
+
+
+def transformed(x: np.ndarray, src: DType, transforms: tuple[Transform, ...], dtype: DType) -> np.ndarray:
+    """The chain in numpy; the few casts numpy has no exact rounding for (to float8, float64 to a
+    16-bit float: numerics.py) go through torch, imported only then."""
+    try:
+        return apply_values(x, src, transforms, dtype)
+    except NotImplementedError:
+        return from_torch(apply_transforms(to_torch(x, src), transforms, dtype))[0]
 
 
 def _sendfile(src: int, src_off: int, part: PartialFile, dst_off: int, n: int, path: Path) -> None:
