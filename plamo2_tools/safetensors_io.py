@@ -226,15 +226,22 @@ class PartialFile:
             os.fsync(self.fd)
         except OSError as e:
             raise _env_error(e, self.partial) from None
-        os.close(self.fd)
-        self.fd = -1
+        self.close()
 
-    def commit(self) -> None:
-        """Rename into place (after sync) and fsync the directory."""
+    def close(self) -> None:
+        """Close without a flush (the caller makes the data durable later: `fsync_paths`)."""
         if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def commit(self, durable: bool = True) -> None:
+        """Rename into place; `durable`: fsync the data first and the directory after."""
+        if durable and self.fd >= 0:
             self.sync()
+        self.close()
         os.replace(self.partial, self.path)
-        fsync_dir(self.path.parent)
+        if durable:
+            fsync_dir(self.path.parent)
 
     def abort(self) -> None:
         if self.fd >= 0:
@@ -260,6 +267,18 @@ def _env_error(e: OSError, path: Path) -> EnvironmentLimitError:
     if e.errno == 28:
         return EnvironmentLimitError(f"{path}: no space left on device")
     return EnvironmentLimitError(f"{path}: {e.strerror or e}")
+
+
+def fsync_path(path: Path) -> None:
+    """Make a written file's data durable (opened again: the writer's descriptor is closed)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError as e:
+        raise _env_error(e, path) from None
 
 
 def fsync_dir(path: Path) -> None:
