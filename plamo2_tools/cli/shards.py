@@ -50,7 +50,7 @@ def convert(
             "(each file before its journal record) or none (never: a power cut can lose a checkpoint that has a "
             "manifest; for measuring)."
         ),
-    ] = "end",
+    ] = "end",  # convert.engine.DEFAULT_SYNC (not imported here: --help stays light; a test keeps them equal)
     as_json: Json = False,
 ) -> None:
     """Reshard a PLaMo checkpoint into TP x PP shard files laid out as vLLM's model class holds

@@ -68,3 +68,11 @@ def test_an_unknown_sync_mode_is_refused(checkpoint, tmp_path: Path) -> None:
     with pytest.raises(UserError, match="--sync must be one of"):
         engine.convert(checkpoint("tiny"), tmp_path / "out", sync="sometimes")
     assert not os.path.exists(tmp_path / "out")
+
+
+def test_the_cli_default_is_the_engine_default() -> None:
+    import inspect
+
+    from plamo2_tools.cli import shards
+
+    assert inspect.signature(shards.convert).parameters["sync"].default == engine.DEFAULT_SYNC
