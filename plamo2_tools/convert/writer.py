@@ -37,8 +37,7 @@ import numpy as np
 from ..digest import Hasher, hash_range, mapped_windows, new_hash
 from ..dtypes import FLOAT32, DType
 from ..errors import CheckpointError, EnvironmentLimitError
-from ..model.layout import OutputTensor, Transform, apply_transforms, apply_values
-from ..numerics import from_torch, to_torch
+from ..model.layout import OutputTensor, Transform, apply_values
 from ..safetensors_io import PartialFile, pread_into, tensor_bytes
 from .sources import Source
 
@@ -297,12 +296,9 @@ class Writer:
 
 
 def transformed(x: np.ndarray, src: DType, transforms: tuple[Transform, ...], dtype: DType) -> np.ndarray:
-    """The chain in numpy; the few casts numpy has no exact rounding for (to float8, float64 to a
-    16-bit float: numerics.py) go through torch, imported only then."""
-    try:
-        return apply_values(x, src, transforms, dtype)
-    except NotImplementedError:
-        return from_torch(apply_transforms(to_torch(x, src), transforms, dtype))[0]
+    """A compute segment's values (layout.apply_values; tests/convert/test_numpy_path.py puts the
+    torch formulation here to compare the two)."""
+    return apply_values(x, src, transforms, dtype)
 
 
 def _sendfile(src: int, src_off: int, part: PartialFile, dst_off: int, n: int, path: Path) -> None:

@@ -381,7 +381,16 @@ def apply_values(x: np.ndarray, src: DType, transforms: tuple[Transform, ...], d
     """Source values (numpy, held as `src.storage`) -> output values held as `dtype.storage`, in
     the chain's order: arithmetic in float32, a `cast` rounds where it stands (last, unless the
     row casts first), and the result is rounded to the output dtype once more at the end (a no-op
-    after a final cast).  The same rounding as `apply_transforms`, bit for bit (numerics.py)."""
+    after a final cast).  The same rounding as `apply_transforms`, bit for bit (numerics.py); the
+    few casts numpy has no exact rounding for (to float8, float64 to a 16-bit float) go through
+    torch, imported only then."""
+    try:
+        return _apply_values(x, src, transforms, dtype)
+    except NotImplementedError:
+        return numerics.from_torch(apply_transforms(numerics.to_torch(x, src), transforms, dtype))[0]
+
+
+def _apply_values(x: np.ndarray, src: DType, transforms: tuple[Transform, ...], dtype: DType) -> np.ndarray:
     cur = src
     for t in transforms:
         if t.name == "cast":
@@ -397,7 +406,15 @@ def apply_values(x: np.ndarray, src: DType, transforms: tuple[Transform, ...], d
 
 
 def invert_values(x: np.ndarray, src: DType, transforms: tuple[Transform, ...], dtype: DType) -> np.ndarray:
-    """Output values -> source values (exact for pure reshards, within rounding otherwise)."""
+    """Output values -> source values (exact for pure reshards, within rounding otherwise); torch
+    where numpy has no exact rounding, as in `apply_values`."""
+    try:
+        return _invert_values(x, src, transforms, dtype)
+    except NotImplementedError:
+        return numerics.from_torch(invert_transforms(numerics.to_torch(x, src), transforms, dtype))[0]
+
+
+def _invert_values(x: np.ndarray, src: DType, transforms: tuple[Transform, ...], dtype: DType) -> np.ndarray:
     cur = src
     for t in reversed(transforms):
         if t.name == "neg_exp_f32":

@@ -264,3 +264,22 @@ def test_merge_byte_identical(dtype: str, checkpoint, monkeypatch, tmp_path: Pat
     convert(checkpoint("tiny-gqa"), shards, tp=2, pp=2, dtype=dtype, workers=2)
     ours, theirs = both(monkeypatch, lambda o: merge(shards, o), tmp_path / "merged")
     assert_same_output(ours, theirs, a_ulps=4)
+
+
+def test_casts_without_a_numpy_rounding_go_through_torch() -> None:
+    """float8 outputs and float64 -> 16-bit floats: numpy has no exact rounding, torch does it."""
+    from plamo2_tools.dtypes import FLOAT64
+    from plamo2_tools.model.layout import Transform, apply_values, invert_values
+
+    x = np.arange(256, dtype=np.uint8)
+    chain = (Transform("add_offset", 1.0),)
+    ours = apply_values(x, FLOAT8_E4M3, chain, FLOAT8_E4M3)
+    assert same_bits(ours, torch_transformed(x, FLOAT8_E4M3, chain, FLOAT8_E4M3))
+    back = invert_values(ours, FLOAT8_E4M3, chain, FLOAT8_E4M3)
+    assert same_bits(
+        back, numerics.from_torch(invert_transforms(numerics.to_torch(ours, FLOAT8_E4M3), chain, FLOAT8_E4M3))[0]
+    )
+    d = RNG.normal(size=N)
+    for dst in (BFLOAT16, FLOAT16):
+        cast = (Transform("cast", dst.name),)
+        assert same_bits(apply_values(d, FLOAT64, cast, dst), torch_transformed(d, FLOAT64, cast, dst))
