@@ -109,7 +109,10 @@ def segments(t: OutputTensor, source: Source) -> list[Segment]:
         else:
             path, info = where
             elem = t.dtype.itemsize
-            out.append(Gather(path, info.offset, info.rows, info.row_bytes, p.start * elem, p.length * elem))
+            if p.length * elem == info.row_bytes:  # every column (TP1's row-parallel weights): whole rows
+                out.append(Copy(path, info.offset, info.rows * info.row_bytes))
+            else:
+                out.append(Gather(path, info.offset, info.rows, info.row_bytes, p.start * elem, p.length * elem))
     if sum(s.nbytes for s in out) != t.nbytes:
         raise AssertionError(f"{t.key}: segments cover {sum(s.nbytes for s in out)} of {t.nbytes} bytes")
     return out
