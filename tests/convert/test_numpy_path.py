@@ -283,3 +283,27 @@ def test_casts_without_a_numpy_rounding_go_through_torch() -> None:
     for dst in (BFLOAT16, FLOAT16):
         cast = (Transform("cast", dst.name),)
         assert same_bits(apply_values(d, FLOAT64, cast, dst), torch_transformed(d, FLOAT64, cast, dst))
+
+
+@pytest.mark.parametrize("preset", ["tiny-gqa", "tiny3-mqa"])
+def test_gathers_in_the_kernel_write_and_hash_what_user_space_does(
+    preset: str, checkpoint, monkeypatch, tmp_path
+) -> None:
+    """Row-parallel columns copied one row at a time by copy_file_range and hashed from the output
+    (writer.ROW_COPY_MIN; the tiny rows are below it, so it is lowered here) against the gather in
+    user space: the same bytes and the same recorded digests."""
+    from plamo2_tools.shards.check import check_shards
+
+    src = checkpoint(preset)
+    outs = {}
+    for name, limit in (("kernel", 1), ("user", 2**62)):
+        monkeypatch.setattr(writer, "ROW_COPY_MIN", limit)
+        outs[name] = tmp_path / name
+        result = convert(src, outs[name], tp=2, pp=2, workers=2)
+        assert result.copy["bytes"]["gather"] > 0
+        assert check_shards(outs[name]).ok
+    names = sorted(p.name for p in outs["user"].glob("*.safetensors"))
+    for name in names:
+        assert (outs["kernel"] / name).read_bytes() == (outs["user"] / name).read_bytes(), name
+    manifests = [json.loads((outs[k] / "plamo2_shards.json").read_text()) for k in ("kernel", "user")]
+    assert manifests[0]["files"] == manifests[1]["files"]
