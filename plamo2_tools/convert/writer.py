@@ -273,7 +273,7 @@ class Writer:
         src = self._fd(seg.path)
         step = max(1, WINDOW // seg.row_bytes)
         first = 0
-        if self._kernel and seg.col_bytes >= ROW_COPY_MIN:
+        if self._kernel == "copy_file_range" and seg.col_bytes >= ROW_COPY_MIN:
             first = self._gather_in_kernel(seg, src, part, pos, h, step)
         for a in range(first, seg.rows, step):
             b = min(seg.rows, a + step)
@@ -292,6 +292,8 @@ class Writer:
         for a in range(0, seg.rows, step):
             b = min(seg.rows, a + step)
             for r in range(a, b):
+                if self._kernel != "copy_file_range":  # refused here: sendfile would open a file per row
+                    return a
                 where = seg.offset + r * seg.row_bytes + seg.col_offset
                 kind = self._kernel_copy(src, where, part, pos + r * seg.col_bytes, seg.col_bytes, seg.path)
                 if not kind:

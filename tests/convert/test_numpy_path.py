@@ -307,3 +307,28 @@ def test_gathers_in_the_kernel_write_and_hash_what_user_space_does(
         assert (outs["kernel"] / name).read_bytes() == (outs["user"] / name).read_bytes(), name
     manifests = [json.loads((outs[k] / "plamo2_shards.json").read_text()) for k in ("kernel", "user")]
     assert manifests[0]["files"] == manifests[1]["files"]
+
+
+def test_a_kernel_gather_refused_half_way_finishes_in_user_space(checkpoint, monkeypatch, tmp_path) -> None:
+    """copy_file_range refused in the middle of a row-by-row gather (EXDEV after some rows): the
+    rest goes through sendfile / user space, and the files are those of a user-space gather."""
+    import errno
+    import os
+
+    src = checkpoint("tiny-gqa")
+    monkeypatch.setattr(writer, "ROW_COPY_MIN", 2**62)
+    convert(src, tmp_path / "user", tp=2, pp=1, workers=1)
+    monkeypatch.setattr(writer, "ROW_COPY_MIN", 1)
+    real, calls = os.copy_file_range, [0]
+
+    def refuse_later(*args: int) -> int:
+        calls[0] += 1
+        if calls[0] > 30:
+            raise OSError(errno.EXDEV, os.strerror(errno.EXDEV))
+        return real(*args)
+
+    monkeypatch.setattr(os, "copy_file_range", refuse_later)
+    result = convert(src, tmp_path / "kernel", tp=2, pp=1, workers=1)
+    assert calls[0] > 30 and result.copy["bytes"]["sendfile"] > 0
+    for p in sorted((tmp_path / "user").glob("*.safetensors")):
+        assert (tmp_path / "kernel" / p.name).read_bytes() == p.read_bytes(), p.name
