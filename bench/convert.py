@@ -171,6 +171,27 @@ def ensure_checkpoint(src: Path, preset: str, files: int, synth: str) -> dict[st
         }
 
 
+def startup_times(repeat: int = 5) -> dict[str, Any]:
+    """Median wall time of `plamo2-tools --help` and of a bare interpreter, and whether the CLI's
+    import (and `--help`) loads torch (issue 22: byte-moving commands never import it)."""
+    probe = (
+        "import runpy, sys\n"
+        "sys.argv = ['plamo2-tools', '--help']\n"
+        "try:\n    runpy.run_module('plamo2_tools.cli', run_name='__main__')\n"
+        "except SystemExit:\n    pass\n"
+        "print('torch' in sys.modules, file=sys.stderr)\n"
+    )
+    times: dict[str, list[float]] = {"python": [], "help": []}
+    for _ in range(repeat):
+        for name, cmd in (("python", [sys.executable, "-c", "pass"]), ("help", [*CLI, "--help"])):
+            start = time.perf_counter()
+            subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
+            times[name].append(time.perf_counter() - start)
+    loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True).stderr.strip()
+    return {"python_s": statistics.median(times["python"]), "help_s": statistics.median(times["help"]),
+            "help_imports_torch": loaded.endswith("True")}  # fmt: skip
+
+
 def hash_rates() -> dict[str, float]:
     """Single-thread throughput over 1 GiB in memory (GB/s) of the digests convert may compute."""
     import xxhash
@@ -226,6 +247,7 @@ def main() -> None:
     ap.add_argument("--target-ratio", type=float, default=None, help="default: 1.3 below 16 cores, else 1.1")
     ap.add_argument("--time-budget", type=float, default=None, help="start no run after this many seconds")
     ap.add_argument("--clean", action="store_true", help="also delete the synthesised checkpoint at the end")
+    ap.add_argument("--note", default="", help="free text kept in the JSON (e.g. who else shares the machine)")
     args = ap.parse_args()
 
     began = time.perf_counter()
@@ -363,6 +385,8 @@ def write_report(args: argparse.Namespace, ckpt: dict[str, Any], splits: list[tu
             "loadavg_after": os.getloadavg(),
             **rates,
         },
+        "note": args.note,
+        "startup": startup_times(),
         "options": {
             "cache": args.cache,
             "evicted_by": sorted(evicted),

@@ -17,11 +17,13 @@ import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-import torch
+import numpy as np
 
 from .dtypes import SAFETENSORS_DTYPES as DTYPES
 from .dtypes import SAFETENSORS_NAMES as DTYPE_NAMES
+from .dtypes import DType, as_dtype
 from .dtypes import element_size as dtype_size
 from .errors import CheckpointError, EnvironmentLimitError, os_error
 
@@ -31,7 +33,7 @@ MAX_HEADER_BYTES = 100_000_000  # the safetensors library's own limit
 @dataclass(frozen=True)
 class TensorInfo:
     name: str
-    dtype: torch.dtype
+    dtype: DType
     shape: tuple[int, ...]
     offset: int  # absolute byte offset of the payload in the file
     nbytes: int
@@ -129,22 +131,28 @@ def pread_into(fd: int, view: memoryview, offset: int, path: Path | str = "") ->
         done += got
 
 
-def read_rows(fd: int, info: TensorInfo, start: int, stop: int, path: Path | str = "") -> torch.Tensor:
-    """Rows [start, stop) of a tensor (dim 0), as a fresh CPU tensor."""
+def read_array(fd: int, info: TensorInfo, start: int, stop: int, path: Path | str = "") -> np.ndarray:
+    """Rows [start, stop) of a tensor (dim 0), as a fresh numpy array held as `info.dtype.storage`
+    (numerics.py: bfloat16 as the uint16 of its bits)."""
     nrows = stop - start
     shape = (nrows, *info.shape[1:]) if info.shape else ()
-    # torch.empty, not bytearray: a bytearray is zero-filled first, which made 64 MiB chunk reads
+    # np.empty, not bytearray: a bytearray is zero-filled first, which made 64 MiB chunk reads
     # run at ~1.2 GB/s instead of ~1.9 GB/s (page cache -> fresh memory).
-    out = torch.empty(shape, dtype=info.dtype)
-    if out.numel():
+    out = np.empty(shape, dtype=info.dtype.np)
+    if out.size:
         pread_into(fd, tensor_bytes(out), info.offset + start * info.row_bytes, path)
     return out
 
 
-def tensor_bytes(t: torch.Tensor) -> memoryview:
-    """The raw little-endian bytes of a contiguous CPU tensor, without a copy."""
-    t = t.contiguous()
-    return memoryview(t.reshape(-1).view(torch.uint8).numpy()) if t.numel() else memoryview(b"")
+def tensor_bytes(t: Any) -> memoryview:
+    """The raw little-endian bytes of a numpy array (or a CPU torch tensor), without a copy when
+    it is contiguous."""
+    if not isinstance(t, np.ndarray):  # a torch tensor (synth's values): torch is loaded already
+        import torch
+
+        t = t.contiguous().reshape(-1).view(torch.uint8).numpy() if t.numel() else np.empty(0, np.uint8)
+    t = np.ascontiguousarray(t)
+    return memoryview(t.reshape(-1).view(np.uint8)) if t.size else memoryview(b"")
 
 
 @dataclass(frozen=True)
@@ -158,7 +166,7 @@ class FileLayout:
 
 
 def plan_file(
-    entries: list[tuple[str, torch.dtype, tuple[int, ...]]], metadata: dict[str, str], keep_order: bool = False
+    entries: list[tuple[str, Any, tuple[int, ...]]], metadata: dict[str, str], keep_order: bool = False
 ) -> FileLayout:
     """Deterministic layout: wider dtypes first (natural alignment), then by name, or in the given
     order within each dtype width when `keep_order` (convert writes files front to back); JSON
@@ -170,7 +178,11 @@ def plan_file(
     cursor = 0
     for name, dtype, shape in order:
         n = dtype_size(dtype) * math.prod(shape)
-        header[name] = {"dtype": DTYPE_NAMES[dtype], "shape": list(shape), "data_offsets": [cursor, cursor + n]}
+        header[name] = {
+            "dtype": DTYPE_NAMES[as_dtype(dtype)],
+            "shape": list(shape),
+            "data_offsets": [cursor, cursor + n],
+        }
         rel[name], nbytes[name] = cursor, n
         cursor += n
     text = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
@@ -214,15 +226,22 @@ class PartialFile:
             os.fsync(self.fd)
         except OSError as e:
             raise _env_error(e, self.partial) from None
-        os.close(self.fd)
-        self.fd = -1
+        self.close()
 
-    def commit(self) -> None:
-        """Rename into place (after sync) and fsync the directory."""
+    def close(self) -> None:
+        """Close without a flush (the caller makes the data durable later: `fsync_paths`)."""
         if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def commit(self, durable: bool = True) -> None:
+        """Rename into place; `durable`: fsync the data first and the directory after."""
+        if durable and self.fd >= 0:
             self.sync()
+        self.close()
         os.replace(self.partial, self.path)
-        fsync_dir(self.path.parent)
+        if durable:
+            fsync_dir(self.path.parent)
 
     def abort(self) -> None:
         if self.fd >= 0:
@@ -250,17 +269,21 @@ def _env_error(e: OSError, path: Path) -> EnvironmentLimitError:
     return EnvironmentLimitError(f"{path}: {e.strerror or e}")
 
 
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
+def fsync_path(path: Path) -> None:
+    """Make a written file's data durable (opened again: the writer's descriptor is closed, or
+    someone else's code wrote it, e.g. shutil.copyfile before a rename: without the fsync a power
+    cut can leave the new name on an empty file)."""
     try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError as e:
+        raise _env_error(e, path) from None
 
 
-def fsync_file(path: Path) -> None:
-    """Flush a file written by someone else's code (shutil.copyfile) before it is renamed into
-    place: without it a power cut can leave the new name on an empty file."""
+def fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)

@@ -43,6 +43,14 @@ def convert(
             "input, ~1.4 GB/s per file; docs/shard-format.md)."
         ),
     ] = True,
+    sync: Annotated[
+        str,
+        typer.Option(
+            help="When the data is made durable: end (every file fsync'd in parallel before the manifest), file "
+            "(each file before its journal record) or none (never: a power cut can lose a checkpoint that has a "
+            "manifest; for measuring)."
+        ),
+    ] = "end",  # convert.engine.DEFAULT_SYNC (not imported here: --help stays light; a test keeps them equal)
     as_json: Json = False,
 ) -> None:
     """Reshard a PLaMo checkpoint into TP x PP shard files laid out as vLLM's model class holds
@@ -60,7 +68,7 @@ def convert(
             src, out_dir, tp=tp, pp=pp, pp_layers=int_list(pp_layers, "--pp-layers"), dtype=dtype,
             max_part_size=parse_size(max_part_size), force=force, progress=progress,
             on_plan=lambda plan: progress.start(plan.payload_bytes), copy=copy, workers=workers,
-            verify_blobs=verify_blobs,
+            verify_blobs=verify_blobs, sync=sync,
         )  # fmt: skip
     summary = result.summary()
     if as_json:

@@ -2,10 +2,11 @@
 bytes to their planned offsets (inside the kernel where they are verbatim source bytes, see
 writer.py) and hashes them on the way; a file is finished when its tensors are.
 
-Safety: files are written as `*.partial` and renamed after fsync; a journal records finished files
-with their digests, so a killed run resumes and keeps what still verifies; the manifest is
-written last.  Memory: each worker holds at most a window or a chunk (writer.py), whatever the
-size of the model.
+Safety: files are written as `*.partial` and renamed when complete; a journal records finished
+files with their digests, so a killed run resumes and keeps what still verifies (a resume hashes
+every journaled file again, so a file the journal lists but the disk lost is rewritten); the
+manifest is written last, only after every file it lists is durable (`--sync`, SYNC_MODES).
+Memory: each worker holds at most a window or a chunk (writer.py), whatever the size of the model.
 """
 
 from __future__ import annotations
@@ -23,13 +24,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from ..digest import SHA256, hash_range, mapped_windows, new_hash
 from ..dtypes import dtype_name
 from ..errors import CheckpointError, OutputExistsError, UserError
 from ..outputs import check_free_space, make_output_dir, refuse_foreign, remove_outputs
-from ..safetensors_io import PartialFile, fsync_dir, fsync_file, read_header
+from ..safetensors_io import PartialFile, fsync_dir, fsync_path, read_header
 from ..shards.formats import HASH, WRITTEN, combine_file_digest, header_bytes
 from ..shards.journal import Journal
 from ..shards.lock import OutputLock, ensure_not_being_written
@@ -196,13 +195,25 @@ def _stream_unit(
     return digests
 
 
-def _finish_file(part: PartialFile, f: FilePlan, tensor_digests: dict[str, str], journal: Journal) -> dict[str, Any]:
-    """fsync, rename into place, journal (with the file digest made from the tensor digests).
+# When the data is made durable (docs/convert.md, "Durability", has the measurements):
+#   file  fsync each file before its rename and journal record (the first design)
+#   end   rename and journal as files finish; fsync every file of the plan (and the side files) in
+#         parallel at the end, then the directory, then write the manifest
+#   none  never fsync the data (the manifest itself still is): only for measuring what sync costs
+SYNC_MODES = ("file", "end", "none")
+DEFAULT_SYNC = "end"
+
+
+def _finish_file(
+    part: PartialFile, f: FilePlan, tensor_digests: dict[str, str], journal: Journal, sync: str
+) -> dict[str, Any]:
+    """(fsync,) rename into place, journal (with the file digest made from the tensor digests).
     Runs in a worker thread."""
-    part.sync()
+    if sync == "file":
+        part.sync()
     order = sorted(tensor_digests, key=lambda k: f.layout.offsets[k])
     digest = combine_file_digest(f.layout.header, [tensor_digests[k] for k in order])
-    part.commit()
+    part.commit(durable=sync == "file")
     record = {"file": f.name, "size": f.layout.size, "digest": digest, "tensors": tensor_digests}
     journal.append(record)
     return record
@@ -213,7 +224,7 @@ def _copy_side_files(source: Source, out: Path) -> list[str]:
     for p in side_files(source.path):
         tmp = out / (p.name + ".tmp")
         shutil.copyfile(p, tmp)
-        fsync_file(tmp)
+        fsync_path(tmp)
         os.replace(tmp, out / p.name)
         copied.append(p.name)
     return copied
@@ -305,25 +316,22 @@ def convert(
     copy: str = "auto",
     workers: int | None = None,
     verify_blobs: bool = True,
+    sync: str = DEFAULT_SYNC,
 ) -> ConvertResult:
     """Convert an HF checkpoint (or shards of ours) into TP x PP shards in `out`.
 
     `copy`: how verbatim bytes are copied (writer.COPY_MODES; "auto": inside the kernel where it
     can, else user space); `workers`: threads (default: one per core, 4 to 16); `verify_blobs`:
-    check the sha256 of Hugging Face cache blobs against their names."""
+    check the sha256 of Hugging Face cache blobs against their names; `sync`: when the data is
+    made durable (SYNC_MODES)."""
+    if sync not in SYNC_MODES:
+        raise UserError(f"--sync must be one of {', '.join(SYNC_MODES)}, not {sync!r}")
     if copy not in COPY_MODES:
         raise UserError(f"--copy must be one of {', '.join(COPY_MODES)}, not {copy!r}")
     if workers is not None and workers < 1:
         raise UserError(f"--workers must be at least 1, not {workers}")
-    options = _Options(copy, workers or default_workers(), verify_blobs)
-    threads = torch.get_num_threads()
-    # Each worker thread runs its own small transforms; torch's OpenMP workers would only spin on
-    # the cores the copying and hashing threads need.
-    torch.set_num_threads(1)
-    try:
-        return _convert(src, Path(out), tp, pp, pp_layers, dtype, max_part_size, force, progress, on_plan, options)
-    finally:
-        torch.set_num_threads(threads)
+    options = _Options(copy, workers or default_workers(), verify_blobs, sync)
+    return _convert(src, Path(out), tp, pp, pp_layers, dtype, max_part_size, force, progress, on_plan, options)
 
 
 @dataclass(frozen=True)
@@ -331,6 +339,7 @@ class _Options:
     copy: str
     workers: int
     verify_blobs: bool
+    sync: str
 
 
 def _locked(progress: Progress | None) -> Progress | None:
@@ -409,11 +418,15 @@ def _convert(
                                 part.abort()
                             raise
                         written += sum(f.layout.size - len(f.layout.header) for f in unit)
-                        finishing += [finisher.submit(_finish_file, parts[f.name], f, digests[f.name], journal)
-                                      for f in unit]  # fmt: skip
+                        finishing += [finisher.submit(_finish_file, parts[f.name], f, digests[f.name], journal,
+                                                      options.sync) for f in unit]  # fmt: skip
                     for fut in finishing:
                         fut.result()
                 input_digests = known_inputs if inputs is None else inputs.result()
+                copied = _copy_side_files(source, out)
+                if options.sync == "end":  # reused files too: an interrupted run may not have synced them
+                    paths = [out / f.name for f in plan.files] + [out / name for name in copied]
+                    list(pool.map(fsync_path, paths))
             except BaseException:
                 writer.cancel.set()  # also stops a blob's sha256 still running
                 raise
@@ -422,13 +435,14 @@ def _convert(
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
         finished = {**records, **(journal.finished(plan.fingerprint) or {})}
-        copied = _copy_side_files(source, out)
+        if options.sync != "none":
+            fsync_dir(out)  # the renames, before a manifest can vouch for the files
         manifest = _manifest(source, plan, finished, input_digests, copied)
         write_manifest(out, manifest)
         journal.remove()
         fsync_dir(out)
         status = "resumed" if reused else "converted"
-        copy = {"mode": options.copy, "workers": options.workers, "bytes": dict(writer.stats)}
+        copy = {"mode": options.copy, "workers": options.workers, "sync": options.sync, "bytes": dict(writer.stats)}
         return ConvertResult(out, plan, status, time.perf_counter() - start, written, reused, manifest, copy)
     finally:
         if lock is not None:

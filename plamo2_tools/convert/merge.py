@@ -12,13 +12,13 @@ import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import torch
+import numpy as np
 
 from ..errors import UserError
 from ..model import hf_tensor_shapes
 from ..model.checkpoint import INDEX_NAME, hf_file_names, write_hf_weights
 from ..outputs import check_free_space, make_output_dir, prepare_output, write_record
-from ..safetensors_io import fsync_file
+from ..safetensors_io import fsync_path
 from ..shards.lock import OutputLock, ensure_not_being_written
 from .engine import CHUNK_BYTES
 from .plan import DEFAULT_MAX_PART_SIZE, output_path_problems
@@ -59,7 +59,7 @@ def merge(
         check_free_space(out, sum(source.tensors[n].row_bytes * source.tensors[n].rows for n in tensors), "the merge")
         write_record(out, "merge", str(source.path), writes, "writing")
 
-        def chunks(name: str) -> Iterator[tuple[int, torch.Tensor]]:
+        def chunks(name: str) -> Iterator[tuple[int, np.ndarray]]:
             st = source.tensors[name]
             step = max(1, CHUNK_BYTES // st.row_bytes)
             for a in range(0, st.rows, step):
@@ -98,7 +98,7 @@ def _groups(source: ShardSource, tensors: list[str], max_part_size: int) -> list
 def _copy(src: Path, out: Path) -> None:
     tmp = out / (src.name + ".tmp")
     shutil.copyfile(src, tmp)
-    fsync_file(tmp)
+    fsync_path(tmp)
     os.replace(tmp, out / src.name)
 
 

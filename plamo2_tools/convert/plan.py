@@ -9,10 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from .. import __version__
-from ..dtypes import FLOAT_DTYPES, dtype_name
+from ..dtypes import FLOAT_DTYPES, DType, dtype_name
 from ..errors import UserError
 from ..model import family_of, hf_tensor_shapes
 from ..model.layout import CONSTANT, OutputTensor, make_mapping, rank_tensors
@@ -21,7 +19,7 @@ from ..safetensors_io import FileLayout, plan_file
 from ..shards.manifest import FORMAT_VERSION, file_metadata, file_name
 from .sources import Source
 
-OUT_DTYPES: dict[str, torch.dtype | None] = {"auto": None, **FLOAT_DTYPES}
+OUT_DTYPES: dict[str, DType | None] = {"auto": None, **FLOAT_DTYPES}
 DEFAULT_MAX_PART_SIZE = 5 * 2**30
 
 
@@ -37,7 +35,7 @@ class FilePlan:
 @dataclass(frozen=True)
 class Plan:
     mapping: Mapping
-    out_dtype: torch.dtype | None
+    out_dtype: DType | None
     max_part_size: int
     files: tuple[FilePlan, ...]
     fingerprint: str
@@ -91,7 +89,7 @@ def _split_parts(tensors: list[OutputTensor], max_part_size: int) -> list[list[O
     return parts
 
 
-def fingerprint(source: Source, mapping: Mapping, out_dtype: torch.dtype | None, max_part_size: int) -> str:
+def fingerprint(source: Source, mapping: Mapping, out_dtype: DType | None, max_part_size: int) -> str:
     """Identifies (input, options, tool version): resume and 'already done' compare it."""
     inputs = []
     for path in source.input_files() + [source.path / "config.json"]:

@@ -11,12 +11,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-import torch
+import numpy as np
 
+from ..dtypes import DType
 from ..errors import CheckpointError, UserError
 from ..model.checkpoint import HFCheckpoint
-from ..model.layout import invert_transforms
-from ..safetensors_io import TensorInfo, read_header, read_rows
+from ..model.layout import invert_values
+from ..safetensors_io import TensorInfo, read_array, read_header
 from ..shards.formats import HASH, WRITTEN
 from ..shards.integrity import verify_shard_files
 from ..shards.journal import JOURNAL_NAME
@@ -30,7 +31,7 @@ NOT_COPIED = ("model.safetensors.index.json", MANIFEST_NAME)
 @dataclass(frozen=True)
 class SourceTensor:
     name: str
-    dtype: torch.dtype
+    dtype: DType
     shape: tuple[int, ...]
 
     @property
@@ -39,7 +40,7 @@ class SourceTensor:
 
     @property
     def row_bytes(self) -> int:
-        return math.prod(self.shape[1:]) * torch.empty((), dtype=self.dtype).element_size()
+        return math.prod(self.shape[1:]) * self.dtype.itemsize
 
 
 class Source(Protocol):
@@ -50,7 +51,9 @@ class Source(Protocol):
     @property
     def tensors(self) -> dict[str, SourceTensor]: ...
 
-    def read_rows(self, name: str, start: int, stop: int) -> torch.Tensor: ...
+    def read_rows(self, name: str, start: int, stop: int) -> np.ndarray:
+        """Rows [start, stop) of a source tensor, held as its `DType.storage` (numerics.py)."""
+        ...
 
     def locate(self, name: str) -> tuple[Path, TensorInfo] | None:
         """Where a source tensor's bytes lie verbatim (file, header entry), or None when it has
@@ -89,8 +92,8 @@ class HFSource:
     def tensors(self) -> dict[str, SourceTensor]:
         return self._tensors
 
-    def read_rows(self, name: str, start: int, stop: int) -> torch.Tensor:
-        return self.ckpt.read_rows(name, start, stop)
+    def read_rows(self, name: str, start: int, stop: int) -> np.ndarray:
+        return self.ckpt.read_array(name, start, stop)
 
     def locate(self, name: str) -> tuple[Path, TensorInfo] | None:
         return self.ckpt.file_of(name).path, self.ckpt.tensors[name]
@@ -155,9 +158,9 @@ class ShardSource:
                 self._fds[name] = os.open(path, os.O_RDONLY)
             return self._fds[name], self._headers[name]
 
-    def read_rows(self, name: str, start: int, stop: int) -> torch.Tensor:
+    def read_rows(self, name: str, start: int, stop: int) -> np.ndarray:
         src = self._tensors[name]
-        out = torch.zeros((stop - start, *src.shape[1:]), dtype=src.dtype)
+        out = np.zeros((stop - start, *src.shape[1:]), dtype=src.dtype.np)
         for piece, entry, offset in self._pieces.get(name, []):
             fd, infos = self._file(entry.file)
             info = infos[entry.tensor.key]
@@ -166,12 +169,12 @@ class ShardSource:
                 if lo >= hi:
                     continue
                 first = offset + lo - piece.start
-                rows = read_rows(fd, info, first, first + hi - lo, self.path / entry.file)
-                out[lo - start : hi - start] = invert_transforms(rows, entry.tensor.transforms, src.dtype)
+                rows = read_array(fd, info, first, first + hi - lo, self.path / entry.file)
+                out[lo - start : hi - start] = invert_values(rows, info.dtype, entry.tensor.transforms, src.dtype)
             else:
-                rows = read_rows(fd, info, start, stop, self.path / entry.file)
-                out[:, piece.start : piece.start + piece.length] = invert_transforms(
-                    rows, entry.tensor.transforms, src.dtype
+                rows = read_array(fd, info, start, stop, self.path / entry.file)
+                out[:, piece.start : piece.start + piece.length] = invert_values(
+                    rows, info.dtype, entry.tensor.transforms, src.dtype
                 )
         return out
 

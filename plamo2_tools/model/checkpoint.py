@@ -9,13 +9,19 @@ import os
 import threading
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-import torch
+import numpy as np
 
 from ..dtypes import SAFETENSORS_NAMES as DTYPE_NAMES
+from ..dtypes import as_dtype
 from ..errors import CheckpointError
-from ..safetensors_io import PartialFile, SafetensorsFile, TensorInfo, plan_file, read_header, read_rows, tensor_bytes
+from ..numerics import to_torch
+from ..safetensors_io import PartialFile, SafetensorsFile, TensorInfo, plan_file, read_array, read_header, tensor_bytes
 from .registry import family_of, hf_tensor_shapes, load_config
+
+if TYPE_CHECKING:  # only the reference forward reads tensors as torch's (read_rows, get)
+    import torch
 
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
@@ -111,10 +117,15 @@ class HFCheckpoint:
                 self._fds[path] = os.open(path, os.O_RDONLY)
             return self._fds[path]
 
-    def read_rows(self, name: str, start: int, stop: int) -> torch.Tensor:
+    def read_array(self, name: str, start: int, stop: int) -> np.ndarray:
+        """Rows [start, stop) as numpy (`DType.storage`; what convert reads)."""
         info = self.tensors[name]
         path = self._file_of[name].path
-        return read_rows(self._fd(path), info, start, stop, path)
+        return read_array(self._fd(path), info, start, stop, path)
+
+    def read_rows(self, name: str, start: int, stop: int) -> torch.Tensor:
+        """Rows [start, stop) as a torch tensor (imports torch)."""
+        return to_torch(self.read_array(name, start, stop), self.tensors[name].dtype)
 
     def get(self, name: str) -> torch.Tensor:
         return self.read_rows(name, 0, self.tensors[name].rows).reshape(self.tensors[name].shape)
@@ -143,8 +154,10 @@ def _read_index(index: Path) -> dict[str, str]:
 
 
 # ---- writing ---------------------------------------------------------------------------------------
-TensorSpec = tuple[torch.dtype, tuple[int, ...]]
-Chunks = Callable[[str], Iterable[tuple[int, torch.Tensor]]]  # name -> (first row, rows) in order
+TensorSpec = tuple[Any, tuple[int, ...]]  # (dtype, shape)
+# name -> (first row, rows) in order; rows: numpy already in the spec's dtype (`DType.storage`), or
+# a torch tensor (synth's values), cast here.
+Chunks = Callable[[str], Iterable[tuple[int, Any]]]
 
 
 def hf_file_names(count: int) -> list[str]:
@@ -173,7 +186,9 @@ def write_hf_weights(
             for name in group:
                 row_bytes = layout.nbytes[name] // specs[name][1][0]
                 for first, rows in chunks(name):
-                    data = tensor_bytes(rows.to(specs[name][0]))
+                    if not isinstance(rows, np.ndarray):
+                        rows = rows.to(as_dtype(specs[name][0]).torch)
+                    data = tensor_bytes(rows)
                     part.write_at(layout.offsets[name] + first * row_bytes, data)
                     if progress:
                         progress(len(data))

@@ -25,9 +25,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import torch
+import numpy as np
 
-from ..dtypes import dtype_name
+from .. import numerics
+from ..dtypes import FLOAT32, DType, as_dtype, dtype_name
 from ..errors import LayoutError
 from ..parallel import Mapping
 
@@ -67,13 +68,13 @@ class OutputTensor:
     key: str
     source: str
     shape: tuple[int, ...]
-    dtype: torch.dtype
+    dtype: DType
     pieces: tuple[Piece, ...]
     transforms: tuple[Transform, ...] = ()
 
     @property
     def nbytes(self) -> int:
-        return math.prod(self.shape) * torch.empty((), dtype=self.dtype).element_size()
+        return math.prod(self.shape) * self.dtype.itemsize
 
 
 # ---- splitting n items over tp ranks ------------------------------------------------------------
@@ -175,7 +176,7 @@ class TensorKind:
     rule: Rule  # the rank's pieces
     transforms: Transforms = no_transforms
     init: str = "linear"  # synth's initialiser (model/synth.py)
-    dtype: torch.dtype | None = None  # forced output dtype (None: the source's or the user's)
+    dtype: DType | None = None  # forced output dtype (None: the source's or the user's)
     # A dtype cast (--dtype) happens before the value transforms instead of after them: the
     # consumer's loader copies the weight into its parameter first and folds the offset there
     # (vLLM's PLaMo 3), so the shard must round twice exactly as it does.
@@ -214,7 +215,7 @@ def vllm_scale_buffers(where: str) -> tuple[TensorKind, ...]:
             lambda *_: (),
             lambda c: (Transform("fill", 1.0),),
             init="",
-            dtype=torch.float32,
+            dtype=FLOAT32,
         )  # fmt: skip
         for n in ("_k_scale", "_v_scale", "_q_scale", "_prob_scale")
     )
@@ -320,8 +321,8 @@ def output_tensor(
     r: int,
     key: str,
     source: str,
-    source_dtypes: dict[str, torch.dtype],
-    out_dtype: torch.dtype | None,
+    source_dtypes: dict[str, DType],
+    out_dtype: DType | None,
 ) -> OutputTensor:
     """One rank's tensor of one table row: its pieces, shape, dtype and transform chain."""
     pieces = kind.rule(source, cfg, tp, r)
@@ -336,10 +337,10 @@ def output_tensor(
 def rank_tensors(
     family: Table,
     cfg: LayoutConfig,
-    source_dtypes: dict[str, torch.dtype],
+    source_dtypes: dict[str, DType],
     mapping: Mapping,
     rank: int,
-    out_dtype: torch.dtype | None = None,
+    out_dtype: DType | None = None,
 ) -> list[OutputTensor]:
     """Every tensor global rank `rank` holds, in vLLM's names, sorted by key: the layers of its PP
     stage (table rows and the family's constant extras) and the global tensors the family says
@@ -374,10 +375,60 @@ def rank_tensors(
 
 
 # ---- values ---------------------------------------------------------------------------------------
-def apply_transforms(x: torch.Tensor, transforms: tuple[Transform, ...], dtype: torch.dtype) -> torch.Tensor:
-    """Source values -> output values, element-wise, in the chain's order: arithmetic in float32, a
-    `cast` rounds where it stands (last, unless the row casts first), and the result is rounded to
-    the output dtype once more at the end (a no-op after a final cast)."""
+# The chain's meaning, once in numpy (what convert runs) and once in torch (the formulation the
+# shards were first written with: the tests' oracle, and what the runtime's callers may use).
+def apply_values(x: np.ndarray, src: DType, transforms: tuple[Transform, ...], dtype: DType) -> np.ndarray:
+    """Source values (numpy, held as `src.storage`) -> output values held as `dtype.storage`, in
+    the chain's order: arithmetic in float32, a `cast` rounds where it stands (last, unless the
+    row casts first), and the result is rounded to the output dtype once more at the end (a no-op
+    after a final cast).  The same rounding as `apply_transforms`, bit for bit (numerics.py); the
+    few casts numpy has no exact rounding for (to float8, float64 to a 16-bit float) go through
+    torch, imported only then."""
+    try:
+        return _apply_values(x, src, transforms, dtype)
+    except NotImplementedError:
+        return numerics.from_torch(apply_transforms(numerics.to_torch(x, src), transforms, dtype))[0]
+
+
+def _apply_values(x: np.ndarray, src: DType, transforms: tuple[Transform, ...], dtype: DType) -> np.ndarray:
+    cur = src
+    for t in transforms:
+        if t.name == "cast":
+            target = as_dtype(str(t.arg))
+            x, cur = numerics.cast(x, cur, target), target
+        elif t.name == "fill":
+            x, cur = np.full(x.shape, float(t.arg), np.float32), FLOAT32  # type: ignore[arg-type]
+        elif t.name == "neg_exp_f32":
+            x, cur = -numerics.exp_float32(numerics.to_float32(x, cur)), FLOAT32
+        elif t.name == "add_offset":
+            x, cur = numerics.to_float32(x, cur) + np.float32(t.arg), FLOAT32  # type: ignore[arg-type]
+    return numerics.cast(x, cur, dtype)
+
+
+def invert_values(x: np.ndarray, src: DType, transforms: tuple[Transform, ...], dtype: DType) -> np.ndarray:
+    """Output values -> source values (exact for pure reshards, within rounding otherwise); torch
+    where numpy has no exact rounding, as in `apply_values`."""
+    try:
+        return _invert_values(x, src, transforms, dtype)
+    except NotImplementedError:
+        return numerics.from_torch(invert_transforms(numerics.to_torch(x, src), transforms, dtype))[0]
+
+
+def _invert_values(x: np.ndarray, src: DType, transforms: tuple[Transform, ...], dtype: DType) -> np.ndarray:
+    cur = src
+    for t in reversed(transforms):
+        if t.name == "neg_exp_f32":
+            x, cur = numerics.log_float32(-numerics.to_float32(x, cur)), FLOAT32
+        elif t.name == "add_offset":
+            x, cur = numerics.to_float32(x, cur) - np.float32(t.arg), FLOAT32  # type: ignore[arg-type]
+    return numerics.cast(x, cur, dtype)
+
+
+def apply_transforms(x: Any, transforms: tuple[Transform, ...], dtype: Any) -> Any:
+    """`apply_values` in torch (torch tensors in and out; imports torch)."""
+    import torch
+
+    dtype = as_dtype(dtype).torch
     for t in transforms:
         if t.name == "cast":
             x = x.to(getattr(torch, str(t.arg)))
@@ -390,8 +441,11 @@ def apply_transforms(x: torch.Tensor, transforms: tuple[Transform, ...], dtype: 
     return x.to(dtype)
 
 
-def invert_transforms(x: torch.Tensor, transforms: tuple[Transform, ...], dtype: torch.dtype) -> torch.Tensor:
-    """Output values -> source values (exact for pure reshards, within rounding otherwise)."""
+def invert_transforms(x: Any, transforms: tuple[Transform, ...], dtype: Any) -> Any:
+    """`invert_values` in torch."""
+    import torch
+
+    dtype = as_dtype(dtype).torch
     for t in reversed(transforms):
         if t.name == "neg_exp_f32":
             x = torch.log(-x.float())

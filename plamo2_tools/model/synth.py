@@ -17,18 +17,19 @@ import os
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from ..dtypes import FLOAT_DTYPES as DTYPES
-from ..dtypes import dtype_name, element_size
+from ..dtypes import DType, as_dtype, dtype_name, element_size
 from ..errors import UserError
 from ..outputs import make_output_dir, prepare_output, write_record
 from ..tokenizer.synthetic import FIRST_PIECE_ID, write_synthetic_tokenizer
 from .checkpoint import INDEX_NAME, hf_file_names, write_hf_weights
 from .layout import kind_of
 from .registry import all_presets, family_of, family_of_preset, hf_tensor_shapes, num_parameters
+
+if TYPE_CHECKING:  # the values come from torch's generators (reproducible bit for bit): imported when made
+    import torch
 
 SPECIAL_TOKENS = ["<|plamo:unk|>", "<|plamo:bos|>", "<|plamo:eos|>", "<|plamo:pad|>", "<|plamo:op|>"]
 
@@ -49,12 +50,16 @@ def preset_config(name: str, dtype: str | None = None) -> Any:
 
 
 def _generator(seed: int, name: str) -> torch.Generator:
+    import torch
+
     digest = hashlib.sha256(f"{seed}:{name}".encode()).digest()
     return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little"))
 
 
 def random_tensor(cfg: Any, name: str, shape: tuple[int, ...], seed: int) -> torch.Tensor:
     """A healthy float32 value for one HF tensor of any family (see the module docstring)."""
+    import torch
+
     family = family_of(cfg)
     g = _generator(seed, name)
 
@@ -91,14 +96,14 @@ def random_tensor(cfg: Any, name: str, shape: tuple[int, ...], seed: int) -> tor
     raise AssertionError(f"no initialiser for {name}")
 
 
-ValueFn = Callable[[str, tuple[int, ...]], torch.Tensor]
+ValueFn = Callable[[str, tuple[int, ...]], "torch.Tensor"]
 
 
 def write_checkpoint(
     out: Path,
     cfg: Any,
     values: ValueFn,
-    dtype: torch.dtype,
+    dtype: DType,
     files: int = 1,
     tokenizer: bool = True,
     progress: Callable[[int], None] | None = None,
@@ -110,12 +115,13 @@ def write_checkpoint(
     one at a time: memory stays at the tensors in flight (one per worker plus one, each cast to `dtype`).
     """
     out.mkdir(parents=True, exist_ok=True)
+    dtype = as_dtype(dtype)
     shapes = hf_tensor_shapes(cfg)
     names = list(shapes)
     files = max(1, min(files, len(names)))
     groups = [names[i * len(names) // files : (i + 1) * len(names) // files] for i in range(files)]
     specs = {n: (dtype, shapes[n]) for n in names}
-    ahead = _Ahead(names, lambda n: values(n, shapes[n]).to(dtype))
+    ahead = _Ahead(names, lambda n: values(n, shapes[n]).to(dtype.torch))
     try:
         write_hf_weights(out, groups, specs, lambda n: [(0, ahead.take(n))], progress)
     finally:
@@ -213,5 +219,5 @@ def synth_files(files: int) -> list[str]:
     return weights + ["config.json", "generation_config.json", *TOKENIZER_FILES]
 
 
-def checkpoint_bytes(cfg: Any, dtype: torch.dtype) -> int:
+def checkpoint_bytes(cfg: Any, dtype: DType) -> int:
     return num_parameters(cfg) * element_size(dtype)

@@ -16,17 +16,17 @@ on every core: version 2's tensors hash in parallel, version 1's files do.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import safetensors
-import torch
-
+from ..dtypes import DType
 from ..model import family_of
 from ..model.layout import CONSTANT, OutputTensor, rank_tensors
-from ..safetensors_io import read_header
+from ..numerics import nonzero_count
+from ..safetensors_io import read_array, read_header
 from .integrity import all_digests, digest_mismatch, presence_problem
 from .manifest import Manifest, config_sha256, file_metadata, load_manifest
 
@@ -116,7 +116,7 @@ def _check_headers(m: Manifest) -> list[str]:
     problems = []
     expected = _expected(m)
     for rank in range(m.mapping.world_size):
-        found: dict[str, tuple[str, torch.dtype, tuple[int, ...]]] = {}
+        found: dict[str, tuple[str, DType, tuple[int, ...]]] = {}
         for fname in m.rank_files(rank):
             p = m.path / fname
             if not p.is_file():
@@ -174,9 +174,14 @@ def _check_padding(m: Manifest, readable: set[str]) -> list[str]:
             for p in t.pieces:
                 rows = t.shape[0] if p.dim == 1 else p.length
                 if p.source is None:
-                    with safetensors.safe_open(str(m.path / e.file), "pt") as f:
-                        pad = f.get_slice(key)[row : row + rows]
-                    if torch.count_nonzero(pad):
+                    path = m.path / e.file
+                    info = read_header(path).tensors[key]
+                    fd = os.open(path, os.O_RDONLY)
+                    try:
+                        pad = read_array(fd, info, row, row + rows, path)
+                    finally:
+                        os.close(fd)
+                    if nonzero_count(pad, info.dtype):
                         problems.append(f"rank {rank}: {key}: vocab padding rows {row}..{row + rows - 1} are not zero")
                 row += rows
     return problems

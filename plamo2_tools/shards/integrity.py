@@ -49,7 +49,7 @@ def presence_problem(m: Manifest, name: str, judge: bool = False) -> str | None:
     try:
         read_header(path)
         if judge:
-            with safetensors.safe_open(str(path), "pt") as f:
+            with safetensors.safe_open(str(path), "numpy") as f:  # "pt" would import torch
                 f.keys()
     except Plamo2Error as e:
         return f"{name}: {e}"

@@ -17,10 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from .. import __version__
-from ..dtypes import dtype_name, parse_dtype
+from ..dtypes import DType, dtype_name, parse_dtype
 from ..errors import CheckpointError, os_error
 from ..model import family_of, load_config
 from ..model.family import Family
@@ -75,7 +73,7 @@ class FileRecord:
 
 @dataclass(frozen=True)
 class SourceTensorRecord:
-    dtype: torch.dtype
+    dtype: DType
     shape: tuple[int, ...]
 
 
@@ -147,12 +145,12 @@ class Manifest:
         return self.source.tensors
 
     @property
-    def out_dtype(self) -> torch.dtype | None:
+    def out_dtype(self) -> DType | None:
         """convert's --dtype (None: "auto", every tensor kept its source dtype)."""
         return None if self.options.dtype == "auto" else parse_dtype(self.options.dtype)
 
     @property
-    def activation_dtype(self) -> torch.dtype:
+    def activation_dtype(self) -> DType:
         """The dtype the runtime computes in: convert's --dtype, or with "auto" that of the family's
         activation tensor (its decoder weights) as converted."""
         if self.out_dtype is not None:
@@ -184,7 +182,7 @@ def build_manifest(
     source: dict[str, Any],
     config: Any,
     mapping: Mapping,
-    out_dtype: torch.dtype | None,
+    out_dtype: DType | None,
     max_part_size: int,
     files: list[tuple[str, int, int, dict[str, Any]]],
     tensors: list[tuple[int, str, OutputTensor, str]],

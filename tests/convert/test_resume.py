@@ -36,12 +36,14 @@ def _journaled(out: Path) -> list[str]:
 
 
 def _kill_after_first_files(src: Path, out: Path, files: int = 2, timeout: float = 60.0) -> list[str]:
-    """Start the real CLI in a subprocess and SIGKILL it once `files` finished files are journaled."""
+    """Start the real CLI in a subprocess and SIGKILL it once `files` finished files are journaled
+    and the next files are being written (a `.partial` exists: with `--sync end` a file is
+    journaled so soon after its unit ends that the next unit may not have begun yet)."""
     cmd = [sys.executable, "-m", "plamo2_tools.cli", "convert", str(src), str(out), *SPLIT, "--json"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.monotonic() + timeout
     try:
-        while len(_journaled(out)) < files:
+        while len(_journaled(out)) < files or not any(out.glob("*.partial")):
             if proc.poll() is not None:
                 pytest.fail(f"convert ended (rc {proc.returncode}) before it could be killed: {proc.stderr.read()!r}")
             if time.monotonic() > deadline:

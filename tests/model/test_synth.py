@@ -118,7 +118,7 @@ def test_other_dtypes(checkpoint: Checkpoint, dtype: str) -> None:
     path = checkpoint("tiny", 0, dtype=dtype)
     assert json.loads((path / "config.json").read_text())["torch_dtype"] == dtype
     with HFCheckpoint(path) as ckpt:
-        assert {info.dtype for info in ckpt.tensors.values()} == {getattr(torch, dtype)}
+        assert {str(info.dtype) for info in ckpt.tensors.values()} == {dtype}
         assert ckpt.inventory_problems() == []
         f32 = all_tensors(checkpoint("tiny", 0))
         for name in ("model.embed_tokens.weight", "model.layers.layers.0.mixer.A_log"):

@@ -11,8 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
+from ...dtypes import FLOAT32
 from ..layout import (
     COLUMN,
     EVERY_LAYER,
@@ -111,7 +110,7 @@ TENSORS: tuple[TensorKind, ...] = (
                lambda c: (c.mamba_num_heads,), COLUMN, rows_rule(_Hm), init="dt_bias"),
     TensorKind("mixer.A_log", "mixer.A", MAMBA,
                lambda c: (c.mamba_num_heads,), COLUMN, rows_rule(_Hm),
-               lambda c: (Transform("neg_exp_f32"),), init="A_log", dtype=torch.float32),
+               lambda c: (Transform("neg_exp_f32"),), init="A_log", dtype=FLOAT32),
     TensorKind("mixer.D", "mixer.D", MAMBA,
                lambda c: (c.mamba_num_heads,), COLUMN, rows_rule(_Hm), init="D"),
     TensorKind("mixer.dt_norm_weight", "mixer.dt_norm.weight", MAMBA,

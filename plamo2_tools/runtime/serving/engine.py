@@ -82,7 +82,7 @@ class RankEngine(RankCore):
         ops = get_ops(backend, device)
         weights = load_rank_weights(manifest, info.rank, device)
         model = family_of(cfg).rank_model(
-            cfg, manifest.mapping.stages[info.pp_rank], weights, ops, comm, dtype=manifest.activation_dtype,
+            cfg, manifest.mapping.stages[info.pp_rank], weights, ops, comm, dtype=manifest.activation_dtype.torch,
             **(forward_options or {}),
         )  # fmt: skip
         super().__init__(model, cfg, comm, device, ops, prefill_chunk, cuda_graph, prefill_tokens)
@@ -398,7 +398,7 @@ class Runtime:
     @property
     def dtype(self) -> torch.dtype:
         """The activation dtype (the manifest's)."""
-        return self.manifest.activation_dtype
+        return self.manifest.activation_dtype.torch
 
     @property
     def kernels(self) -> str:

@@ -1,0 +1,165 @@
+"""Value arithmetic without a framework: dtype casts and the transcendental functions of the value
+transforms, on numpy arrays that hold each dtype as `DType.storage` (bfloat16 and float8 as the
+unsigned integers of their bits).
+
+The rule is PyTorch's, bit for bit, so that a conversion made here writes the bytes the torch
+path wrote (tests/convert/test_numpy_path.py proves it against torch):
+
+* float32 -> bfloat16 / float16 rounds to nearest, ties to even; overflow goes to inf, subnormals
+  are kept (float16's through numpy's IEEE cast, bfloat16's by integer arithmetic on the bits).
+* NaN follows what torch's CPU kernels do, which differs per pair (measured on torch 2.13,
+  AVX-512): float32 -> bfloat16 gives 0xFFFF for every NaN; float32 <-> float16 keep the sign and
+  the payload's top bits and set the quiet bit (the F16C instructions); float16 or float8 ->
+  bfloat16 gives 0x7FC0; bfloat16 -> float32 is exact.  torch's float16 -> float32 is not even
+  consistent with itself: the last `n % 8` elements of a run (its scalar loop) become 0x7FFFFFFF;
+  we follow the vector loop.  Only NaN payloads are concerned, never a number.
+* exp and log are rounded correctly (computed in float64, rounded once).  torch's float32 exp
+  (MKL's or Sleef's, chosen by CPU) is not: it differs from the correctly rounded value by one ulp
+  in about 1% of inputs, and from machine to machine, so no framework-free code can match it bit
+  for bit.  Only A = -exp(A_log) (and its inverse, when shards are the source) is affected; the
+  test allows one ulp there and nowhere else.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .dtypes import BFLOAT16, FLOAT8_E4M3, FLOAT8_E5M2, FLOAT16, FLOAT32, FLOAT64, DType, as_dtype
+
+_NAN_F32_TO_BF16 = np.uint16(0xFFFF)
+_NAN_NARROW_TO_BF16 = np.uint16(0x7FC0)
+
+
+def _f8_table(exp_bits: int, man_bits: int, finite_nan: bool) -> np.ndarray:
+    """float32 value of every float8 bit pattern (e4m3fn: no inf, 0x7F/0xFF are NaN)."""
+    bias = 2 ** (exp_bits - 1) - 1
+    out = np.empty(256, np.float32)
+    for b in range(256):
+        sign = -1.0 if b & 0x80 else 1.0
+        e, m = (b >> man_bits) & (2**exp_bits - 1), b & (2**man_bits - 1)
+        if finite_nan and e == 2**exp_bits - 1 and m == 2**man_bits - 1:
+            v = float("nan")  # torch's bits: sign | 0x7FF00000
+        elif not finite_nan and e == 2**exp_bits - 1:
+            v = float("inf") * sign if m == 0 else float("nan")  # torch: the quieted float16 payload
+        elif e == 0:
+            v = sign * m * 2.0 ** (1 - bias - man_bits)
+        else:
+            v = sign * (1 + m / 2**man_bits) * 2.0 ** (e - bias)
+        out[b] = v
+        if v != v:
+            if finite_nan:
+                out.view(np.uint32)[b] = (0x80000000 if b & 0x80 else 0) | 0x7FF00000
+            else:  # e5m2 is the top byte of a float16: widened as that float16, quieted
+                half = np.array([(b << 8) | 0x200], np.uint16).view(np.float16)
+                out[b] = half.astype(np.float32)[0]
+    return out
+
+
+_F8 = {FLOAT8_E4M3: _f8_table(4, 3, True), FLOAT8_E5M2: _f8_table(5, 2, False)}
+
+
+def to_float32(x: np.ndarray, dtype: DType) -> np.ndarray:
+    """Values of `dtype` (held as its storage) as float32, as torch's `.float()` makes them."""
+    if dtype == FLOAT32:
+        return x
+    if dtype == BFLOAT16:  # the top half of a float32: exact, payloads included
+        return (x.astype(np.uint32) << 16).view(np.float32)
+    if dtype == FLOAT16:  # F16C's rule for NaN (torch's vector loop; its scalar tail differs)
+        out = x.astype(np.float32)
+        nan = np.isnan(out)
+        if nan.any():  # numpy keeps a signalling NaN signalling; the instruction quiets it
+            out.view(np.uint32)[nan] |= np.uint32(0x00400000)
+        return out
+    if dtype in _F8:
+        return _F8[dtype][x]
+    if dtype == FLOAT64:
+        with np.errstate(over="ignore"):
+            return x.astype(np.float32)
+    raise ValueError(f"no float32 view of {dtype}")
+
+
+def from_float32(x: np.ndarray, dtype: DType) -> np.ndarray:
+    """float32 values rounded to `dtype` (nearest, ties to even), held as its storage."""
+    x = np.ascontiguousarray(x, np.float32)
+    if dtype == FLOAT32:
+        return x
+    if dtype == BFLOAT16:
+        bits = x.view(np.uint32)
+        # Add half an ulp of bfloat16 minus one, plus the lowest kept bit: ties go to even.
+        # A finite value that rounds past the largest bfloat16 lands on inf's bits, as it must.
+        out = ((bits + (np.uint32(0x7FFF) + ((bits >> 16) & 1))) >> 16).astype(np.uint16)
+        nan = np.isnan(x)
+        if nan.any():
+            out[nan] = _NAN_F32_TO_BF16
+        return out
+    if dtype == FLOAT16:
+        with np.errstate(over="ignore"):
+            out = x.astype(np.float16)
+        nan = np.isnan(x)
+        if nan.any():  # F16C: sign, quiet bit, the payload's top ten bits
+            bits = x.view(np.uint32)[nan]
+            out.view(np.uint16)[nan] = (((bits >> 16) & 0x8000) | 0x7E00 | ((bits >> 13) & 0x3FF)).astype(np.uint16)
+        return out
+    if dtype == FLOAT64:
+        return x.astype(np.float64)
+    raise NotImplementedError(f"rounding to {dtype} has no numpy path")
+
+
+def cast(x: np.ndarray, src: DType, dst: DType) -> np.ndarray:
+    """torch's `.to(dst)` of values of `src`."""
+    if src == dst:
+        return x
+    if dst == BFLOAT16 and src in (FLOAT16, FLOAT8_E4M3, FLOAT8_E5M2):
+        wide = to_float32(x, src)  # exact widening: one rounding
+        out = from_float32(wide, BFLOAT16)
+        out[np.isnan(wide)] = _NAN_NARROW_TO_BF16
+        return out
+    if src == FLOAT64 and dst in (BFLOAT16, FLOAT16):
+        # torch rounds a double once to the narrow type; through float32 would round twice.
+        raise NotImplementedError(f"{src} -> {dst} has no numpy path")
+    return from_float32(to_float32(x, src), dst)
+
+
+def exp_float32(x: np.ndarray) -> np.ndarray:
+    """exp of float32 values, rounded correctly to float32 (see the module docstring)."""
+    with np.errstate(over="ignore", under="ignore"):
+        return np.exp(x.astype(np.float64)).astype(np.float32)
+
+
+def log_float32(x: np.ndarray) -> np.ndarray:
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.log(x.astype(np.float64)).astype(np.float32)
+
+
+def nonzero_count(x: np.ndarray, dtype: DType) -> int:
+    """How many values are not zero (a float's -0.0 is zero; NaN is not)."""
+    if dtype.storage.startswith("uint") and dtype.is_floating_point:
+        sign = np.array(1 << (8 * dtype.itemsize - 1), x.dtype)
+        return int(np.count_nonzero(x & ~sign))
+    return int(np.count_nonzero(x))
+
+
+# ---- the frontier with torch: for the commands that run the model, and the tests ---------------
+def to_torch(x: np.ndarray, dtype: DType) -> Any:
+    """A torch tensor of the same values (shares memory where it can)."""
+    import torch
+
+    dtype = as_dtype(dtype)
+    if dtype.storage != dtype.name and dtype.kind == "float":  # bits held as unsigned integers
+        signed = {1: np.int8, 2: np.int16}[dtype.itemsize]
+        return torch.from_numpy(np.ascontiguousarray(x).view(signed)).view(dtype.torch)
+    return torch.from_numpy(np.ascontiguousarray(x))
+
+
+def from_torch(t: Any) -> tuple[np.ndarray, DType]:
+    """A CPU torch tensor's values as (storage array, dtype)."""
+    dtype = as_dtype(t.dtype)
+    t = t.detach().contiguous().cpu()
+    if dtype.storage != dtype.name and dtype.kind == "float":
+        import torch
+
+        signed = {1: torch.int8, 2: torch.int16}[dtype.itemsize]
+        return t.view(signed).numpy().view(dtype.np), dtype
+    return t.numpy(), dtype
