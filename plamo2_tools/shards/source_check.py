@@ -26,6 +26,7 @@ from typing import Any
 import safetensors
 import torch
 
+from ..dtypes import as_dtype
 from ..errors import CheckpointError, UserError
 from ..model import family_of
 from ..model.layout import CONSTANT, OutputTensor, Piece, apply_transforms, rank_tensors
@@ -109,7 +110,8 @@ def expected_tensor(t: OutputTensor, source: _Source) -> torch.Tensor:
     parts = []
     for p in t.pieces:
         if p.source is None:
-            parts.append(torch.zeros((p.length, *t.shape[1:]), dtype=t.dtype))
+            # t.dtype is ours (a forced or --dtype one) or the source's torch dtype: torch wants its own
+            parts.append(torch.zeros((p.length, *t.shape[1:]), dtype=as_dtype(t.dtype).torch))
         else:
             parts.append(apply_transforms(source.piece(p), t.transforms, t.dtype))
     return torch.cat(parts, dim=0) if len(parts) > 1 else parts[0]
