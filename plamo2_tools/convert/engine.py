@@ -197,8 +197,8 @@ def _stream_unit(
 
 # When the data is made durable (docs/convert.md, "Durability", has the measurements):
 #   file  fsync each file before its rename and journal record (the first design)
-#   end   rename and journal as files finish; fsync every file of the plan (and the side files) in
-#         parallel at the end, then the directory, then write the manifest
+#   end   rename and journal as files finish; fsync every file of the plan in parallel at the end,
+#         then the directory, then write the manifest
 #   none  never fsync the data (the manifest itself still is): only for measuring what sync costs
 SYNC_MODES = ("file", "end", "none")
 DEFAULT_SYNC = "end"
@@ -425,8 +425,8 @@ def _convert(
                 input_digests = known_inputs if inputs is None else inputs.result()
                 copied = _copy_side_files(source, out)
                 if options.sync == "end":  # reused files too: an interrupted run may not have synced them
-                    paths = [out / f.name for f in plan.files] + [out / name for name in copied]
-                    list(pool.map(fsync_path, paths))
+                    # (the side files were fsynced as they were copied, in every mode)
+                    list(pool.map(fsync_path, [out / f.name for f in plan.files]))
             except BaseException:
                 writer.cancel.set()  # also stops a blob's sha256 still running
                 raise

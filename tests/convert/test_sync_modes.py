@@ -51,16 +51,16 @@ def test_every_file_is_durable_before_the_manifest(sync: str, checkpoint, monkey
     manifest_at = calls.index(("manifest", ""))
     synced = {name for kind, name in calls[:manifest_at] if kind == "fsync"}
     assert files <= synced, sorted(files - synced)
-    if sync == "end":  # the side files too (config.json, the tokenizer ...)
-        assert {"config.json", "generation_config.json"} <= synced
+    # the side files (config.json, the tokenizer ...): fsynced under their temporary names, as copied
+    assert {"config.json.tmp", "generation_config.json.tmp"} <= synced
     assert ("fsync_dir", "out") in calls[:manifest_at]
 
 
-def test_sync_none_never_fsyncs_the_data(checkpoint, monkeypatch, tmp_path: Path) -> None:
+def test_sync_none_never_fsyncs_the_shard_data(checkpoint, monkeypatch, tmp_path: Path) -> None:
     src = checkpoint("tiny")
     calls = record_calls(monkeypatch)
     engine.convert(src, tmp_path / "out", tp=2, sync="none")
-    assert not [c for c in calls if c[0] == "fsync"]
+    assert not [c for c in calls if c[0] == "fsync" and c[1].endswith(".safetensors")]
     assert (tmp_path / "out" / "plamo2_shards.json").is_file()
 
 
