@@ -745,7 +745,7 @@ mutant(
     "engine-side-file-no-fsync",
     "durability",
     ENGINE,
-    "        fsync_path(tmp)\n",
+    "            fsync_path(tmp)\n",
     "",
     T_DURABLE,
     "config.json renamed into place before its bytes are on disk",

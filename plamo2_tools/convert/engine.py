@@ -219,12 +219,13 @@ def _finish_file(
     return record
 
 
-def _copy_side_files(source: Source, out: Path) -> list[str]:
+def _copy_side_files(source: Source, out: Path, sync: str) -> list[str]:
     copied = []
     for p in side_files(source.path):
         tmp = out / (p.name + ".tmp")
         shutil.copyfile(p, tmp)
-        fsync_path(tmp)
+        if sync != "none":  # durable before its final name exists (--sync none: the user's choice)
+            fsync_path(tmp)
         os.replace(tmp, out / p.name)
         copied.append(p.name)
     return copied
@@ -423,7 +424,7 @@ def _convert(
                     for fut in finishing:
                         fut.result()
                 input_digests = known_inputs if inputs is None else inputs.result()
-                copied = _copy_side_files(source, out)
+                copied = _copy_side_files(source, out, options.sync)
                 if options.sync == "end":  # reused files too: an interrupted run may not have synced them
                     paths = [out / f.name for f in plan.files] + [out / name for name in copied]
                     list(pool.map(fsync_path, paths))
