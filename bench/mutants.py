@@ -410,8 +410,8 @@ mutant(
     "launch-verify-rank0-only",
     "rank-damage",
     "plamo2_tools/runtime/process/jobs.py",
-    'verify_shard_files(manifest, range(world), digests=runtime.get("verify_files", True))',
-    'verify_shard_files(manifest, range(1), digests=runtime.get("verify_files", True))',
+    'verify_shard_files(manifest, range(world), digests=runtime.get("verify_files", True))\n    return world',
+    'verify_shard_files(manifest, range(1), digests=runtime.get("verify_files", True))\n    return world',
     T_MULTIPART,
     "torchrun ranks start on damaged files (they skip their own check after the launcher's)",
 )
@@ -576,8 +576,8 @@ mutant(
     "text-stream-hold",
     "stop-strings",
     TEXT,
-    "self.hold = max((len(s) for s in self.stops), default=1) - 1",
-    "self.hold = max((len(s) for s in self.stops), default=1) - 2",
+    "for n in range(min(len(s) - 1, len(text)), best, -1):",
+    "for n in range(min(len(s) - 2, len(text)), best, -1):",
     T_STOPS,
     "the streamed text shows the start of a stop string",
 )
