@@ -13,7 +13,7 @@ import torch
 
 from .. import __version__
 from ..dtypes import FLOAT_DTYPES, dtype_name
-from ..errors import UserError
+from ..errors import UserError, os_error
 from ..model import family_of, hf_tensor_shapes
 from ..model.layout import CONSTANT, OutputTensor, make_mapping, rank_tensors
 from ..parallel import Mapping
@@ -95,7 +95,10 @@ def fingerprint(source: Source, mapping: Mapping, out_dtype: torch.dtype | None,
     """Identifies (input, options, tool version): resume and 'already done' compare it."""
     inputs = []
     for path in source.input_files() + [source.path / "config.json"]:
-        st = path.stat()
+        try:
+            st = path.stat()
+        except OSError as e:  # a file the source lists is gone: the user's to fix, not a crash
+            raise os_error(e, f"{path}: cannot read an input file") from None
         inputs.append([path.name, st.st_size, st.st_mtime_ns])
     key = {
         "version": __version__,
