@@ -131,7 +131,8 @@ def create_fresh(path: Path, flags: int = os.O_RDWR, mode: int = 0o644) -> int:
 def write_error(e: OSError, path: Path) -> EnvironmentLimitError | UserError:
     """A failed write as one line; a full disk names the filesystem that is full."""
     if e.errno in (errno.ENOSPC, errno.EDQUOT):
-        return EnvironmentLimitError(f"{path}: no space left on device (the filesystem mounted at {mount_point(path)} is full)")
+        where = mount_point(path)
+        return EnvironmentLimitError(f"{path}: no space left on device (the filesystem mounted at {where} is full)")
     return os_error(e, f"{path}: cannot write")  # type: ignore[return-value]
 
 

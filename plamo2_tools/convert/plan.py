@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -63,6 +64,9 @@ class Plan:
         return [f.name for f in self.files if f.rank == rank]
 
 
+MAX_SIZE = 2**50  # 1 PiB: any larger --max-part-size is a typo
+
+
 def parse_size(text: str) -> int:
     """'5GiB', '500MB', '1e9', '4096' -> bytes."""
     units = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
@@ -70,9 +74,13 @@ def parse_size(text: str) -> int:
     s = text.strip().lower().replace(" ", "")
     number = s.rstrip("kmgtib")
     try:
-        value = int(float(number) * units[s[len(number) :]])
+        scaled = float(number) * units[s[len(number) :]]
     except (ValueError, KeyError):
         raise UserError(f"cannot read size {text!r} (examples: 5GiB, 500MB, 1000000)") from None
+    # "inf", "nan" and 1e400 read as floats but are no size (int() of them raised a bug exit).
+    if not math.isfinite(scaled) or scaled > MAX_SIZE:
+        raise UserError(f"size {text!r} must be a finite number of bytes, at most {MAX_SIZE} (1 PiB)")
+    value = int(scaled)
     if value <= 0:
         raise UserError(f"size {text!r} must be positive")
     return value

@@ -21,9 +21,11 @@ from pathlib import Path
 from typing import Any
 
 from ..convert.engine import CONVERT_KIND
-from ..errors import UserError
+from ..errors import Plamo2Error, UserError
 from ..eval.harness import EVAL_KIND
 from ..inspect import INSPECT_KIND
+from ..jsonio import MAX_DEPTH, RESULT_BYTES, depth
+from ..safe_files import read_regular
 from ..shards.check import CHECK_KIND
 from ..verify import VERIFY_KIND
 
@@ -140,25 +142,36 @@ def load(path: Path) -> Any:
     A JSON Lines file is read past its first line only when that line declares a kind of ours:
     lm-eval's samples files are JSON Lines too and can be tens of megabytes.
     """
-    text = path.read_text(encoding="utf-8")
+    text = read_regular(path, RESULT_BYTES).decode("utf-8")  # bounded; a FIFO refused, not waited on
     try:
-        return json.loads(text)
+        return _line(text)
     except json.JSONDecodeError:
         pass
     lines = [line for line in text.splitlines() if line.strip()]
     if not lines:
         raise ValueError("empty file")
-    head = json.loads(lines[0])  # a ValueError here means: not JSON at all
+    head = _line(lines[0])  # a ValueError here means: not JSON at all
     if not (isinstance(head, dict) and "kind" in head):
         return [head]  # enough to tell that it is something else
     records = []
     for i, line in enumerate(lines, 1):
         try:
-            records.append(json.loads(line))
+            records.append(_line(line))
         except json.JSONDecodeError:
             # A benchmark killed at its time limit leaves a cut last line; keep everything before.
             log.warning("%s: line %d is not JSON, ignored", path, i)
     return records
+
+
+def _line(text: str) -> Any:
+    """json.loads, bounded in depth (jsonio.MAX_DEPTH): too deep is a ValueError like bad JSON."""
+    try:
+        value = json.loads(text)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+    if depth(value) > MAX_DEPTH:
+        raise ValueError("nested too deeply")
+    return value
 
 
 def classify(data: Any) -> tuple[str | None, str]:
@@ -234,7 +247,7 @@ def collect(inputs: Iterable[Path]) -> tuple[list[Doc], list[Skipped]]:
     for path, name in find_files(inputs):
         try:
             data = load(path)
-        except (OSError, UnicodeDecodeError, ValueError) as e:
+        except (OSError, UnicodeDecodeError, ValueError, Plamo2Error) as e:
             skipped.append(_skip(name, f"not readable as JSON ({type(e).__name__})"))
             continue
         kind, reason = classify(data)
