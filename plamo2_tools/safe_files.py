@@ -56,7 +56,8 @@ def plain_name(name: object, where: str) -> str:
 
 
 # ---- reading ------------------------------------------------------------------------------------
-def _kind(mode: int) -> str:
+def kind_of(mode: int) -> str:
+    """A file type in words, for messages ("a FIFO", "a symbolic link", ...)."""
     kinds = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
              (stat.S_ISCHR, "a device"), (stat.S_ISBLK, "a device"), (stat.S_ISLNK, "a symbolic link"))  # fmt: skip
     return next((word for test, word in kinds if test(mode)), "not a regular file")
@@ -73,11 +74,13 @@ def open_regular(path: Path, flags: int = os.O_RDONLY, follow: bool = True, crea
             raise UserError(f"{path}: is a symbolic link; plamo2-tools never makes one here: remove it") from None
         if e.errno == errno.ENXIO:  # a FIFO opened for writing with no reader, a socket
             raise UserError(f"{path}: not a regular file: refused") from None
+        if e.errno == errno.EISDIR:
+            raise UserError(f"{path}: is a directory, not a regular file: refused") from None
         raise os_error(e, f"{path}: cannot open") from None
     mode = os.fstat(fd).st_mode
     if not stat.S_ISREG(mode):
         os.close(fd)
-        raise UserError(f"{path}: is {_kind(mode)}, not a regular file: refused")
+        raise UserError(f"{path}: is {kind_of(mode)}, not a regular file: refused")
     os.set_blocking(fd, True)
     return fd
 

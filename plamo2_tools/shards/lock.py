@@ -27,7 +27,7 @@ from pathlib import Path
 
 from ..errors import CheckpointError, EnvironmentLimitError, OutputBusyError, Plamo2Error, UserError
 from ..jsonio import parse_json
-from ..safe_files import open_regular
+from ..safe_files import kind_of, open_regular
 
 LOCK_NAME = ".plamo2.lock"
 log = logging.getLogger("plamo2_tools.lock")
@@ -161,7 +161,9 @@ def ensure_not_being_written(directory: str | Path) -> None:
     except OSError:  # no lock file: the usual case
         return
     if not stat.S_ISREG(st.st_mode):  # a symlink, FIFO or directory: refused at once, never waited on
-        raise UserError(f"{path}: not a regular file (plamo2-tools never makes one like it here): remove it")
+        raise UserError(
+            f"{path}: is {kind_of(st.st_mode)}, not a regular file (plamo2-tools never makes one): remove it"
+        )
     try:
         fd = open_regular(path, follow=False)
     except Plamo2Error:  # one we cannot read, or gone since: nothing to go on
