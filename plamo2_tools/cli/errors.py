@@ -116,7 +116,7 @@ def handle_errors(fn: F) -> F:
 # allocator's RuntimeError ("DefaultCPUAllocator: can't allocate memory: you tried to allocate
 # 123456 bytes"), and plain MemoryError from numpy or Python.
 _OOM_WORDS = ("can't allocate memory", "out of memory", "not enough memory")
-_ASKED = re.compile(r"(?i)tried to allocate ([0-9.]+ ?[KMGT]?i?B|[0-9]+ bytes)")
+_ASKED = re.compile(r"(?i)tried to allocate ([0-9]+ bytes|[0-9.]+ ?[KMGT]?i?B)")
 
 
 def is_out_of_memory(e: BaseException) -> bool:

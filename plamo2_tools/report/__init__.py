@@ -86,14 +86,16 @@ def build_report(
     docs, skipped = collect(inputs)
     if not docs:
         where = ", ".join(str(p) for p in inputs)
+        first = f" ({skipped[0].name}: {skipped[0].reason})" if skipped else ""
         raise UserError(
             f"nothing usable in {where}: {len(skipped)} JSON file(s) found, none is lm-eval results, verify, "
-            "benchmark or convert/check/inspect output"
+            f"benchmark or convert/check/inspect output{first}"
         )
     docs, malformed = _renderable(docs)
     skipped = skipped + malformed
     if not docs:
-        raise UserError(f"nothing usable in {', '.join(map(str, inputs))}: every result file is malformed")
+        where = ", ".join(map(str, inputs))
+        raise UserError(f"nothing usable in {where}: every result file is malformed ({malformed[0].reason})")
     ctx = Context(out)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
