@@ -16,15 +16,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from cli_env import ROOT, cli_env  # noqa: F401 - ROOT for tests that need the checkout
 
-ROOT = Path(__file__).resolve().parents[2]
 SECRET = b"private bytes that no plamo2-tools command may change\n"
-
-
-def cli_env() -> dict[str, str]:
-    env = dict(os.environ, COLUMNS="250", NO_COLOR="1", PYTHONPATH=str(ROOT), TRITON_INTERPRET="1")
-    env.pop("PLAMO2_GSM8K_DIR", None)
-    return env
 
 
 Run = Callable[..., subprocess.CompletedProcess]
