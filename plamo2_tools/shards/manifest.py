@@ -23,7 +23,7 @@ from .. import __version__
 from ..dtypes import dtype_name, parse_dtype
 from ..errors import CheckpointError
 from ..jsonio import CONFIG_BYTES, MANIFEST_BYTES, read_object
-from ..model import family_of, load_config
+from ..model import family_of, hf_tensor_shapes, load_config
 from ..model.family import Family
 from ..model.layout import OutputTensor, Piece, parse_transform
 from ..parallel import Mapping
@@ -331,9 +331,9 @@ def _typed(directory: Path, raw: dict[str, Any], fmt: ShardFormat) -> Manifest:
             t = OutputTensor(
                 key=tkey,
                 source=rec["source"],
-                shape=tuple(int(x) for x in _list(rec["shape"])),
+                shape=_shape(rec["shape"]),
                 dtype=parse_dtype(rec["dtype"]),
-                pieces=tuple(Piece(*_list(p)) for p in _list(rec["pieces"])),
+                pieces=tuple(_piece(p) for p in _list(rec["pieces"])),
                 transforms=tuple(parse_transform(x) for x in _list(rec["transforms"])),
             )
             entries[rank][tkey] = TensorEntry(
@@ -345,10 +345,7 @@ def _typed(directory: Path, raw: dict[str, Any], fmt: ShardFormat) -> Manifest:
         kind=str(src["kind"]),
         files={plain_name(n, "source.files"): dict(r) for n, r in _dict(src["files"]).items()},
         config_sha256=str(src["config_sha256"]),
-        tensors={
-            str(n): SourceTensorRecord(parse_dtype(r["dtype"]), tuple(int(x) for x in r["shape"]))
-            for n, r in _dict(src["tensors"]).items()
-        },
+        tensors=_source_tensors(_dict(src["tensors"]), config),
     )
     o = raw["options"]
     options = Options(str(o["dtype"]), int(o["max_part_size"]), bool(o["tied_embeddings"]), int(o["padded_vocab"]))
@@ -377,6 +374,40 @@ def _side_files(raw: dict[str, Any], fmt: ShardFormat) -> dict[str, SideRecord]:
         plain_name(name, "side_files"): SideRecord(int(rec["size"]), str(rec["digest"]))
         for name, rec in _dict(raw["side_files"]).items()
     }
+
+
+def _source_tensors(raw: dict[str, Any], config: Any) -> dict[str, SourceTensorRecord]:
+    """The HF inventory the shards were cut from: exactly the names the config has, each with a
+    shape the family accepts (merge and check size their work by these)."""
+    family, expected = family_of(config), hf_tensor_shapes(config)
+    out = {}
+    for name, rec in raw.items():
+        shape = _shape(rec["shape"])
+        if name not in expected or shape not in family.accepted_shapes(config, name):
+            raise CheckpointError(f"source.tensors: {name!r} {list(shape)} is not a tensor of this config")
+        out[name] = SourceTensorRecord(parse_dtype(rec["dtype"]), shape)
+    missing = sorted(set(expected) - set(out))
+    if missing:
+        raise CheckpointError(f"source.tensors: {missing[0]!r} (and {len(missing) - 1} more) missing")
+    return out
+
+
+def _count(value: Any) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"{value!r} is not a count")
+    return value
+
+
+def _shape(value: Any) -> tuple[int, ...]:
+    return tuple(_count(x) for x in _list(value))
+
+
+def _piece(value: Any) -> Piece:
+    """[source | null, dim, start, length]: typed before any slicing uses it."""
+    source, dim, start, length = _list(value)
+    if not (source is None or isinstance(source, str)) or dim not in (0, 1) or isinstance(dim, bool):
+        raise ValueError(f"piece {value!r}")
+    return Piece(source, dim, _count(start), _count(length))
 
 
 def _dict(value: Any) -> dict[str, Any]:
