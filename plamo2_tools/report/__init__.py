@@ -24,6 +24,7 @@ from . import bench_convert, bench_kernels, bench_runtime, checks, lmeval, tools
 from .context import Context
 from .inputs import (
     BENCH_CONVERT,
+    BENCH_FUZZ,
     BENCH_KERNELS,
     BENCH_RUNTIME,
     BENCH_TOKENIZER,
@@ -52,7 +53,11 @@ SECTIONS: list[tuple[tuple[str, ...], str, Renderer]] = [
     ((BENCH_CONVERT,), "Convert benchmark", bench_convert.render),
     ((BENCH_KERNELS,), "Kernel benchmark", bench_kernels.render),
     ((BENCH_RUNTIME,), "Runtime throughput", bench_runtime.render),
-    ((VLLM_COMPAT, VLLM_FORWARD, BENCH_TOKENIZER, KILL_RESUME), "Compatibility and robustness", checks.render),
+    (
+        (VLLM_COMPAT, VLLM_FORWARD, BENCH_TOKENIZER, KILL_RESUME, BENCH_FUZZ),
+        "Compatibility and robustness",
+        checks.render,
+    ),
     ((CONVERT, CHECK, INSPECT), "Tool output", tools.render),
 ]
 

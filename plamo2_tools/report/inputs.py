@@ -45,6 +45,7 @@ VLLM_COMPAT_KIND = "plamo2-vllm-compat"  # bench/vllm_compat.py
 VLLM_FORWARD_KIND = "plamo3-vllm-forward"  # bench/plamo3_vllm_forward.py
 BENCH_TOKENIZER_KIND = "plamo2-bench-tokenizer"  # bench/tokenizer.py
 KILL_RESUME_KIND = "plamo2-bench-kill-resume"  # bench/kill_resume.py
+BENCH_FUZZ_KIND = "plamo2-bench-fuzz"  # bench/fuzz.py
 
 # Report sections, in the order the report shows them (the names appear in "Read as" and --json).
 LMEVAL = "lm-eval"
@@ -59,8 +60,9 @@ VLLM_COMPAT = "vllm-compat"
 VLLM_FORWARD = "vllm-forward"
 BENCH_TOKENIZER = "bench-tokenizer"
 KILL_RESUME = "kill-resume"
+BENCH_FUZZ = "bench-fuzz"
 KINDS = (LMEVAL, VERIFY, BENCH_CONVERT, BENCH_KERNELS, BENCH_RUNTIME, VLLM_COMPAT, VLLM_FORWARD, BENCH_TOKENIZER,
-         KILL_RESUME, CONVERT, CHECK, INSPECT)  # fmt: skip
+         KILL_RESUME, BENCH_FUZZ, CONVERT, CHECK, INSPECT)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -87,6 +89,7 @@ SCHEMAS: dict[str, Schema] = {
     VLLM_FORWARD_KIND: Schema(VLLM_FORWARD, (1,), {"summary": dict, "cases": list}),
     BENCH_TOKENIZER_KIND: Schema(BENCH_TOKENIZER, (1,), {"summary": dict}),
     KILL_RESUME_KIND: Schema(KILL_RESUME, (1,), {"trials": list, "all_identical": bool}),
+    BENCH_FUZZ_KIND: Schema(BENCH_FUZZ, (1,), {"targets": dict, "inputs": int, "contract_broken": int}),
 }
 # lm-eval 0.4's aggregated results file (EvaluationTracker.save_results_aggregated): these keys,
 # each a JSON object, are always there; "configs" tells it from a digest of it.
