@@ -56,7 +56,7 @@ def check_tokens(ids: list[int], cfg: Any, new_tokens: int, what: str) -> None:
 
 def check_sampling(temperature: float, top_p: float, max_new_tokens: int) -> None:
     if not math.isfinite(temperature) or temperature < 0:  # nan and inf pass a bare `< 0`
-        raise UserError(f"--temperature {temperature:g}: must be a finite number >= 0 (0 = greedy)")
+        raise UserError(f"--temperature {temperature:g}: must be >= 0 and finite (0 = greedy)")
     if not 0 < top_p <= 1:
         raise UserError(f"--top-p {top_p:g}: must be in (0, 1]")
     if max_new_tokens < 1:
@@ -91,7 +91,7 @@ def parse_limit(text: str | None) -> int | float | None:
     except ValueError:
         raise UserError(f"--limit must be a number, got {text!r}") from None
     if not math.isfinite(value) or value <= 0:
-        raise UserError(f"--limit must be a finite number > 0, got {text!r}")
+        raise UserError(f"--limit must be > 0 and finite, got {text!r}")
     return int(value) if value >= 1 and value.is_integer() else value
 
 
