@@ -13,7 +13,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError
+from ..errors import CheckpointError, ConfigError
 from ..jsonio import CONFIG_BYTES, read_json
 from . import layout
 from .family import Family
@@ -75,7 +75,10 @@ def load_config(path: str | Path) -> Any:
         path = path / "config.json"
     if not path.exists() and not path.is_symlink():
         raise ConfigError(f"{path}: not found (is this a model checkpoint directory?)")
-    raw = read_json(path, CONFIG_BYTES)  # bounded: a FIFO, a huge or a deeply nested file is one line
+    try:  # bounded: a FIFO, a huge or a deeply nested file is one line
+        raw = read_json(path, CONFIG_BYTES)
+    except CheckpointError as e:
+        raise ConfigError(str(e)) from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a JSON object")
     return config_from_dict(raw, str(path))

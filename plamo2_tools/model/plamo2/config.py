@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ...errors import ConfigError
+from ...errors import CheckpointError, ConfigError
 from ...jsonio import CONFIG_BYTES, read_json
 from ..layout import padded_vocab
 
@@ -195,7 +195,10 @@ class Plamo2Config:
             path = path / "config.json"
         if not path.exists() and not path.is_symlink():
             raise ConfigError(f"{path}: not found (is this a PLaMo 2 checkpoint directory?)")
-        raw = read_json(path, CONFIG_BYTES)
+        try:
+            raw = read_json(path, CONFIG_BYTES)
+        except CheckpointError as e:
+            raise ConfigError(str(e)) from None
         if not isinstance(raw, dict):
             raise ConfigError(f"{path}: expected a JSON object")
         return cls.from_dict(raw, str(path))
