@@ -330,7 +330,7 @@ def _typed(directory: Path, raw: dict[str, Any], fmt: ShardFormat) -> Manifest:
         for tkey, rec in _dict(tensors).items():
             t = OutputTensor(
                 key=tkey,
-                source=rec["source"],
+                source=_str(rec["source"]),
                 shape=_shape(rec["shape"]),
                 dtype=parse_dtype(rec["dtype"]),
                 pieces=tuple(_piece(p) for p in _list(rec["pieces"])),
@@ -389,6 +389,12 @@ def _source_tensors(raw: dict[str, Any], config: Any) -> dict[str, SourceTensorR
             "was config.json changed since the conversion?"
         )
     return out
+
+
+def _str(value: Any) -> str:
+    if not isinstance(value, str):  # a list here was unhashable later (found by bench/fuzz.py)
+        raise TypeError(f"expected a string, got {type(value).__name__}")
+    return value
 
 
 def _count(value: Any) -> int:

@@ -65,6 +65,19 @@ def test_hostile_manifest(run, one_line_error, tiny_shards, work, manifest: str,
         assert says in line, (args, line)
 
 
+@pytest.mark.parametrize("value", [["a", "b"], {"x": 1}, 7, None])
+def test_manifest_tensor_source_of_the_wrong_type(run, one_line_error, tiny_shards, work, value) -> None:
+    """Found by the long fuzz campaign (reports/fuzz/): a tensor record's `source` that is a list
+    reached a set lookup in the reshard source (TypeError, exit 70)."""
+    shards = _copy(tiny_shards, work / "shards")
+    m = json.loads((shards / MANIFEST).read_text())
+    next(iter(m["tensors"]["0"].values()))["source"] = value
+    (shards / MANIFEST).write_text(json.dumps(m))
+    for args in (["convert", shards, work / "tp1", "--tp", 1], ["check", shards]):
+        line = one_line_error(run(*args), 2)
+        assert "malformed manifest" in line, line
+
+
 def test_manifest_list_in_an_output_directory(run, one_line_error, checkpoint, work) -> None:
     """convert read an existing manifest's fingerprint with `.get` on whatever JSON it held."""
     out = work / "out"
