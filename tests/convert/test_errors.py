@@ -15,7 +15,6 @@ import pytest
 import safetensors.torch
 from convert_expect import flip_byte, load_hf
 
-from plamo2_tools.convert import engine
 from plamo2_tools.shards.manifest import MANIFEST_NAME
 
 

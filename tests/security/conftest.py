@@ -86,8 +86,10 @@ def work(tmp_path: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
-def tiny_shards(cli, checkpoint, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """`tiny` (with its tokenizer) converted at tp 2: read-only, copy before damaging."""
+def tiny_shards(run, checkpoint, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`tiny` (with its tokenizer) converted at tp 2 by the CLI under test: read-only, copy before
+    damaging."""
     out = tmp_path_factory.mktemp("sec-shards") / "shards"
-    cli("convert", checkpoint("tiny"), out, "--tp", 2, "--json")
+    r = run("convert", checkpoint("tiny"), out, "--tp", 2, "--json")
+    assert r.returncode == 0, r.stderr
     return out
