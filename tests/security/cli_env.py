@@ -7,7 +7,8 @@ import os
 from pathlib import Path
 
 # PLAMO2_CLI_ROOT runs the subprocess CLI from another checkout: how these tests were seen to
-# fail on main's code (docs/security.md, "Tests").
+# fail on main's code (docs/security.md, "Tests").  Commands run with ROOT as their working
+# directory, since `python -m` puts the working directory first on the path.
 ROOT = Path(os.environ.get("PLAMO2_CLI_ROOT") or Path(__file__).resolve().parents[2])
 
 

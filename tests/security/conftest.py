@@ -30,7 +30,8 @@ def run() -> Run:
 
     def call(*args: str | int | Path, timeout: float = 120, input: str | None = None) -> subprocess.CompletedProcess:
         cmd = [sys.executable, "-m", "plamo2_tools.cli", *map(str, args)]
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=cli_env(), input=input)
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=cli_env(), input=input,
+                              cwd=ROOT)  # fmt: skip
 
     return call
 

@@ -14,13 +14,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from cli_env import cli_env
+from cli_env import ROOT, cli_env
 
 
 def _in_small_fs(mnt: Path, kib: int, *args: str | Path, input: str | None = None) -> subprocess.CompletedProcess:
     cli = " ".join(shlex.quote(str(a)) for a in [sys.executable, "-m", "plamo2_tools.cli", *args])
     script = f"mount -t tmpfs -o size={kib}k tmpfs {shlex.quote(str(mnt))} && {cli}"
-    return subprocess.run(["unshare", "-rm", "sh", "-c", script], capture_output=True, text=True, timeout=120,
+    return subprocess.run(["unshare", "-rm", "sh", "-c", script], capture_output=True, text=True, timeout=120, cwd=ROOT,
                           env=cli_env(), input=input)  # fmt: skip
 
 

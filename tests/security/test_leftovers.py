@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from cli_env import cli_env
+from cli_env import ROOT, cli_env
 
 MANIFEST = "plamo2_shards.json"
 JOURNAL = ".plamo2_convert.journal.jsonl"
@@ -22,7 +22,7 @@ JOURNAL = ".plamo2_convert.journal.jsonl"
 
 def _start(*args: str | Path) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "plamo2_tools.cli", *map(str, args)]
-    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=cli_env())
+    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=cli_env(), cwd=ROOT)
 
 
 def _kill_when(proc: subprocess.Popen, ready, timeout: float = 120) -> None:
@@ -97,7 +97,7 @@ def test_interrupted_tokenize_leaves_nothing(checkpoint, work: Path) -> None:
     """Ctrl-C while tokenize waits for more input: exit 130, no FILE and no FILE.partial."""
     out = work / "ids.jsonl"
     cmd = [sys.executable, "-m", "plamo2_tools.cli", "tokenize", checkpoint("tiny"), "--out", out]
-    proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stderr=subprocess.PIPE, env=cli_env(), text=True)
+    proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stderr=subprocess.PIPE, env=cli_env(), text=True, cwd=ROOT)
     proc.stdin.write('"hello"\n')
     proc.stdin.flush()
     deadline = time.monotonic() + 60
