@@ -267,9 +267,10 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write a small file through a temporary name, fsync and rename (used for manifests)."""
-    tmp = path.with_name(path.name + ".tmp")
+def atomic_write_text(path: Path, text: str, tmp: Path | None = None) -> None:
+    """Write a small file through a temporary name (`NAME.tmp` unless given), created fresh,
+    fsync and rename (used for manifests)."""
+    tmp = tmp or path.with_name(path.name + ".tmp")
     try:
         with os.fdopen(create_fresh(tmp, os.O_WRONLY), "w") as f:
             f.write(text)
