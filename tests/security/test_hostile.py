@@ -191,6 +191,18 @@ def test_out_of_memory_says_the_size_asked() -> None:
         pytest.skip("this machine allocated 1 EiB")
 
 
+@pytest.mark.gpu
+def test_out_of_memory_on_the_gpu_says_the_size_asked() -> None:
+    """CUDA's own OutOfMemoryError for an impossible allocation: exit 3's line names the GPU and the size."""
+    from plamo2_tools.cli.errors import is_out_of_memory, out_of_memory_line
+
+    with pytest.raises(torch.OutOfMemoryError) as caught:
+        torch.empty(1 << 50, dtype=torch.uint8, device="cuda")
+    assert is_out_of_memory(caught.value)
+    line = out_of_memory_line(caught.value)
+    assert line.startswith("out of memory (GPU): 1024.00 TiB were asked for"), line
+
+
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
 def test_fifo_config_is_refused_at_once(run, one_line_error, checkpoint, work) -> None:
     src = _copy(checkpoint("tiny"), work / "ckpt")
