@@ -194,7 +194,14 @@ def header_target(draw: st.DrawFn, b: Bases, scratch: Path) -> tuple[list[str | 
     weights = ckpt / "model.safetensors"
     data = weights.read_bytes()
     (n,) = struct.unpack("<Q", data[:8])
-    text = draw(mutated_json(json.loads(data[8 : 8 + n])))
+    header = json.loads(data[8 : 8 + n])
+    if draw(st.booleans()):  # the whole header: offsets and shapes too (mostly refused)
+        text = draw(mutated_json(header))
+    else:  # only __metadata__: the tensors stay valid, so the readers get past the offsets
+        hole = '"__PLAMO2_FUZZ_METADATA__"'
+        text = json.dumps({**header, "__metadata__": "__PLAMO2_FUZZ_METADATA__"}).replace(
+            hole, draw(mutated_json(header["__metadata__"]))
+        )
     raw = text.encode("utf-8", "surrogatepass")
     length = draw(st.sampled_from([len(raw), len(raw), 0, 7, 2**63, len(raw) + 5]))
     weights.write_bytes(struct.pack("<Q", length) + raw + data[8 + n :])
