@@ -53,6 +53,8 @@ class OneLineErrors(TyperGroup):
 
     def main(self, args: Any = None, prog_name: Any = None, complete_var: Any = None,
              standalone_mode: bool = True, **extra: Any) -> Any:  # fmt: skip
+        _plain_flags(self)
+
         def run() -> Any:
             return super(OneLineErrors, self).main(
                 args=args, prog_name=prog_name, complete_var=complete_var, standalone_mode=False, **extra
@@ -74,6 +76,16 @@ class OneLineErrors(TyperGroup):
             error_line("interrupted", label="interrupted")
             sys.exit(130)
         sys.exit(code if isinstance(code, int) else 0)
+
+
+def _plain_flags(group: Any) -> None:
+    """No `<bool>` beside a plain flag in --help (Typer shows the type of every option; a flag
+    takes no value, so the column only confused readers of the README)."""
+    for command in getattr(group, "commands", {}).values():
+        _plain_flags(command)
+        for param in getattr(command, "params", []):
+            if getattr(param, "is_flag", False) and getattr(param, "metavar", "") is None:
+                param.metavar = ""
 
 
 def handle_errors(fn: F) -> F:
