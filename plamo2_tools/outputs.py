@@ -20,7 +20,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from .errors import CheckpointError, EnvironmentLimitError, OutputExistsError, human_bytes
+from .errors import CheckpointError, EnvironmentLimitError, OutputExistsError, Plamo2Error, human_bytes
+from .jsonio import CONFIG_BYTES, read_json
+from .safe_files import mount_point, plain_name
 from .safetensors_io import atomic_write_text
 
 RECORD_NAME = ".plamo2_written.json"
@@ -28,11 +30,22 @@ SIBLINGS = (".partial", ".tmp")  # the temporary names a file of ours is written
 
 
 def read_record(out: Path) -> dict[str, Any] | None:
-    try:
-        record = json.loads((out / RECORD_NAME).read_text())
-    except (OSError, ValueError):
+    """The record of merge or synth in `out`; None when there is none.  Its `files` decide what a
+    later run deletes, so each must be a plain name (exit 2 naming the record and the entry)."""
+    path = out / RECORD_NAME
+    if not path.exists() and not path.is_symlink():
         return None
-    return record if isinstance(record, dict) else None
+    try:
+        record = read_json(path, CONFIG_BYTES)
+    except Plamo2Error:  # unreadable or not JSON: not a record of ours
+        return None
+    if not isinstance(record, dict):
+        return None
+    files = record.get("files") or []
+    if not isinstance(files, list):
+        raise CheckpointError(f"{path}: `files` is not a list: not a record plamo2-tools wrote")
+    record["files"] = [plain_name(n, str(path)) for n in files]
+    return record
 
 
 def write_record(out: Path, command: str, source: str, files: list[str], status: str) -> None:
@@ -61,7 +74,9 @@ def prepare_output(out: Path, writes: list[str], force: bool) -> None:
     record = read_record(out)
     ours = recorded_outputs(out)
     unfinished = record is not None and record.get("status") != "complete"
-    others = [p.name for p in out.iterdir() if not p.name.startswith(".") and p.name not in ours]
+    # A killed run's temporaries (NAME.partial, NAME.tmp of a recorded NAME) are ours too.
+    ours_too = ours | {n + s for n in ours for s in SIBLINGS}
+    others = [p.name for p in out.iterdir() if not p.name.startswith(".") and p.name not in ours_too]
     if (others or (record is not None and not unfinished)) and not force:
         raise OutputExistsError(f"{out}: exists and is not empty (use --force to replace what plamo2-tools wrote)")
     remove_outputs(out, ours, first="config.json")
@@ -113,5 +128,6 @@ def check_free_space(out: Path, need: int, what: str) -> None:
     free = shutil.disk_usage(out).free
     if need > free:
         raise EnvironmentLimitError(
-            f"{out}: not enough disk space: {what} needs {human_bytes(need)}, {human_bytes(free)} free"
+            f"{out}: not enough disk space: {what} needs {human_bytes(need)}, {human_bytes(free)} free "
+            f"on the filesystem mounted at {mount_point(out)}"
         )

@@ -26,6 +26,8 @@ from .dtypes import SAFETENSORS_NAMES as DTYPE_NAMES
 from .dtypes import DType, as_dtype
 from .dtypes import element_size as dtype_size
 from .errors import CheckpointError, EnvironmentLimitError, os_error
+from .jsonio import parse_json
+from .safe_files import create_fresh, open_regular, write_error
 
 MAX_HEADER_BYTES = 100_000_000  # the safetensors library's own limit
 
@@ -61,8 +63,9 @@ def read_header(path: str | Path) -> SafetensorsFile:
     """Parse and validate a safetensors header; every problem is one CheckpointError line."""
     path = Path(path)
     try:
-        size = path.stat().st_size
-        with open(path, "rb") as f:
+        # A regular file only, opened without blocking (a FIFO here must not hang a reader).
+        with os.fdopen(open_regular(path), "rb") as f:
+            size = os.fstat(f.fileno()).st_size
             prefix = f.read(8)
             if len(prefix) < 8:
                 raise CheckpointError(f"{path}: truncated ({size} bytes): not a safetensors file")
@@ -78,20 +81,19 @@ def read_header(path: str | Path) -> SafetensorsFile:
         raise os_error(e, f"{path}: cannot read") from None
     if not raw.lstrip(b" ").startswith(b"{"):
         raise CheckpointError(f"{path}: corrupt header (does not start with '{{')")
-    try:
-        header = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{path}: corrupt header (not JSON: {e})") from None
+    header = parse_json(raw, f"{path}: corrupt header")  # bounded depth: no RecursionError
     if not isinstance(header, dict):
         raise CheckpointError(f"{path}: corrupt header (not a JSON object)")
     metadata = header.pop("__metadata__", None) or {}
+    if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
+        raise CheckpointError(f"{path}: corrupt header (__metadata__ must map names to strings)")
     data_start = 8 + n
     tensors: dict[str, TensorInfo] = {}
     for name, entry in header.items():
         try:
             dtype = DTYPES[entry["dtype"]]
-            shape = tuple(int(s) for s in entry["shape"])
-            begin, end = (int(o) for o in entry["data_offsets"])
+            shape = tuple(_count(s) for s in entry["shape"])
+            begin, end = (_count(o) for o in entry["data_offsets"])
         except (KeyError, TypeError, ValueError):
             raise CheckpointError(f"{path}: corrupt header entry for {name!r}: {entry!r}") from None
         nbytes = dtype_size(dtype) * math.prod(shape)
@@ -114,6 +116,13 @@ def read_header(path: str | Path) -> SafetensorsFile:
         what = "truncated" if cursor > size else "corrupt"
         raise CheckpointError(f"{path}: {what}: tensors need {cursor} bytes but the file has {size}")
     return SafetensorsFile(path, tensors, metadata, data_start, size)
+
+
+def _count(value: object) -> int:
+    """A shape or offset entry: a JSON integer >= 0 (not a float, a string or a boolean)."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError(value)
+    return value
 
 
 def pread_exact(fd: int, nbytes: int, offset: int, path: Path | str = "") -> bytearray:
@@ -201,7 +210,7 @@ class PartialFile:
         self.partial = path.with_name(path.name + ".partial")
         self.layout = layout
         self.observe = observe  # sees every write after it succeeded (convert hashes the stream)
-        self.fd = os.open(self.partial, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        self.fd = create_fresh(self.partial)  # never written through a planted symlink
         try:
             _allocate(self.fd, layout.size, self.partial)
             self.write_at(0, layout.header)
@@ -264,8 +273,8 @@ def _allocate(fd: int, size: int, path: Path) -> None:
 
 
 def _env_error(e: OSError, path: Path) -> EnvironmentLimitError:
-    if e.errno == 28:
-        return EnvironmentLimitError(f"{path}: no space left on device")
+    if e.errno == 28:  # names the filesystem that is full (safe_files.write_error)
+        return write_error(e, path)  # type: ignore[return-value]
     return EnvironmentLimitError(f"{path}: {e.strerror or e}")
 
 
@@ -291,11 +300,12 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write a small file through a temporary name, fsync and rename (used for manifests)."""
-    tmp = path.with_name(path.name + ".tmp")
+def atomic_write_text(path: Path, text: str, tmp: Path | None = None) -> None:
+    """Write a small file through a temporary name (`NAME.tmp` unless given), created fresh,
+    fsync and rename (used for manifests)."""
+    tmp = tmp or path.with_name(path.name + ".tmp")
     try:
-        with open(tmp, "w") as f:
+        with os.fdopen(create_fresh(tmp, os.O_WRONLY), "w") as f:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())

@@ -92,10 +92,12 @@ def prompts_from_file(path: Path, tokenizer_dir: Path) -> list[list[int]]:
                 item = json.loads(line)
             except json.JSONDecodeError as e:
                 raise UserError(f"{path}: bad JSON line ({e})") from None
+            except RecursionError:  # {"a": [[[[...: a prompt line is never that deep
+                raise UserError(f"{path}: bad JSON line (nested too deeply)") from None
         if isinstance(item, dict) and "input_ids" in item:
             try:
                 prompts.append([int(t) for t in item["input_ids"]])
-            except (TypeError, ValueError):
+            except (TypeError, ValueError, OverflowError):
                 raise UserError(f"{path}: input_ids must be a list of integers: {line[:80]}") from None
             continue
         if isinstance(item, dict) and not isinstance(item.get("text"), str):

@@ -18,7 +18,18 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1] / "plamo2_tools"
-FOUNDATION = {"errors", "dtypes", "numerics", "parallel", "safetensors_io", "digest", "outputs", "__init__"}
+FOUNDATION = {
+    "errors",
+    "jsonio",
+    "safe_files",
+    "dtypes",
+    "numerics",
+    "parallel",
+    "safetensors_io",
+    "digest",
+    "outputs",
+    "__init__",
+}
 # PLaMo's tokenizer format is a leaf (it imports only errors); synth writes one for every checkpoint.
 LEAVES = {"tokenizer"}
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import re
 import signal
 import sys
 import traceback
@@ -53,6 +54,8 @@ class OneLineErrors(TyperGroup):
 
     def main(self, args: Any = None, prog_name: Any = None, complete_var: Any = None,
              standalone_mode: bool = True, **extra: Any) -> Any:  # fmt: skip
+        _plain_flags(self)
+
         def run() -> Any:
             return super(OneLineErrors, self).main(
                 args=args, prog_name=prog_name, complete_var=complete_var, standalone_mode=False, **extra
@@ -74,6 +77,16 @@ class OneLineErrors(TyperGroup):
             error_line("interrupted", label="interrupted")
             sys.exit(130)
         sys.exit(code if isinstance(code, int) else 0)
+
+
+def _plain_flags(group: Any) -> None:
+    """No `<bool>` beside a plain flag in --help (Typer shows the type of every option; a flag
+    takes no value, so the column only confused readers of the README)."""
+    for command in getattr(group, "commands", {}).values():
+        _plain_flags(command)
+        for param in getattr(command, "params", []):
+            if getattr(param, "is_flag", False) and getattr(param, "metavar", "") is None:
+                param.metavar = ""
 
 
 def handle_errors(fn: F) -> F:
@@ -102,16 +115,37 @@ def handle_errors(fn: F) -> F:
             where = f"{e.filename}: " if e.filename else ""
             error_line(f"{where}{e.strerror or e}")
             raise typer.Exit(3) from None
-        except MemoryError:
-            error_line("out of memory")
+        except MemoryError as e:
+            error_line(out_of_memory_line(e))
             raise typer.Exit(3) from None
         except Exception as e:
-            if type(e).__name__ == "OutOfMemoryError":  # torch's, for CUDA and the CPU allocator
-                error_line(f"out of memory: {str(e).splitlines()[0] if str(e) else ''}")
+            if is_out_of_memory(e):
+                error_line(out_of_memory_line(e))
                 raise typer.Exit(3) from None
             _bug(fn.__name__)
 
     return wrapper  # type: ignore[return-value]
+
+
+# How torch says it ran out: CUDA's OutOfMemoryError ("Tried to allocate 2.00 GiB"), the CPU
+# allocator's RuntimeError ("DefaultCPUAllocator: can't allocate memory: you tried to allocate
+# 123456 bytes"), and plain MemoryError from numpy or Python.
+_OOM_WORDS = ("can't allocate memory", "out of memory", "not enough memory")
+_ASKED = re.compile(r"(?i)tried to allocate ([0-9]+ bytes|[0-9.]+ ?[KMGT]?i?B)")
+
+
+def is_out_of_memory(e: BaseException) -> bool:
+    if isinstance(e, MemoryError) or type(e).__name__ == "OutOfMemoryError":
+        return True
+    return isinstance(e, RuntimeError) and any(w in str(e).lower() for w in _OOM_WORDS)
+
+
+def out_of_memory_line(e: BaseException) -> str:
+    """One line with the size that was asked for when the allocator says it (exit 3)."""
+    asked = _ASKED.search(str(e))
+    device = "GPU" if "cuda" in str(e).lower() or type(e).__name__ == "OutOfMemoryError" else "CPU"
+    size = f": {asked.group(1)} were asked for" if asked else ""
+    return f"out of memory ({device}){size}: use fewer or shorter prompts, a smaller batch, or more memory"
 
 
 def _bug(command: str) -> NoReturn:

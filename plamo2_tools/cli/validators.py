@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -54,8 +55,8 @@ def check_tokens(ids: list[int], cfg: Any, new_tokens: int, what: str) -> None:
 
 
 def check_sampling(temperature: float, top_p: float, max_new_tokens: int) -> None:
-    if temperature < 0:
-        raise UserError(f"--temperature {temperature:g}: must be >= 0 (0 = greedy)")
+    if not math.isfinite(temperature) or temperature < 0:  # nan and inf pass a bare `< 0`
+        raise UserError(f"--temperature {temperature:g}: must be >= 0 and finite (0 = greedy)")
     if not 0 < top_p <= 1:
         raise UserError(f"--top-p {top_p:g}: must be in (0, 1]")
     if max_new_tokens < 1:
@@ -89,8 +90,8 @@ def parse_limit(text: str | None) -> int | float | None:
         value = float(text)
     except ValueError:
         raise UserError(f"--limit must be a number, got {text!r}") from None
-    if value <= 0:
-        raise UserError("--limit must be > 0")
+    if not math.isfinite(value) or value <= 0:
+        raise UserError(f"--limit must be > 0 and finite, got {text!r}")
     return int(value) if value >= 1 and value.is_integer() else value
 
 

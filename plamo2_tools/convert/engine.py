@@ -11,11 +11,9 @@ Memory: each worker holds at most a window or a chunk (writer.py), whatever the 
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
-import shutil
 import threading
 import time
 from collections.abc import Callable
@@ -26,8 +24,10 @@ from typing import Any
 
 from ..digest import SHA256, hash_range, mapped_windows, new_hash
 from ..dtypes import dtype_name
-from ..errors import CheckpointError, OutputExistsError, UserError
+from ..errors import CheckpointError, OutputExistsError, Plamo2Error, UserError
+from ..jsonio import MANIFEST_BYTES, read_json
 from ..outputs import check_free_space, make_output_dir, refuse_foreign, remove_outputs
+from ..safe_files import copy_file
 from ..safetensors_io import PartialFile, fsync_dir, fsync_path, read_header
 from ..shards.formats import HASH, WRITTEN, combine_file_digest, header_bytes
 from ..shards.journal import Journal
@@ -35,7 +35,7 @@ from ..shards.lock import OutputLock, ensure_not_being_written
 from ..shards.manifest import MANIFEST_NAME, build_manifest, config_sha256, write_manifest
 from ..shards.owned import convert_outputs
 from .plan import FilePlan, Plan, make_plan, output_path_problems
-from .sources import ShardSource, Source, open_source, side_files
+from .sources import ShardSource, Source, open_source, source_side_files
 from .writer import CHUNK_BYTES, COPY_MODES, Cancelled, Job, Writer, default_workers, segments
 
 log = logging.getLogger("plamo2_tools.convert")
@@ -96,7 +96,25 @@ def _clear_outputs(out: Path) -> None:
 
 def _writes(source: Source, plan: Plan) -> list[str]:
     """Every file a conversion may create in OUT: shard files, copied side files, the manifest."""
-    return [f.name for f in plan.files] + [p.name for p in side_files(source.path)] + [MANIFEST_NAME]
+    return [f.name for f in plan.files] + [p.name for p in source_side_files(source)] + [MANIFEST_NAME]
+
+
+def _old_fingerprint(manifest: Path) -> str | None:
+    """The fingerprint of the manifest already in OUT (None: none we can read, or not one of ours)."""
+    try:
+        raw = read_json(manifest, MANIFEST_BYTES)
+    except Plamo2Error:
+        return None
+    old = raw.get("fingerprint") if isinstance(raw, dict) else None
+    return old if isinstance(old, str) else None
+
+
+def _space_needed(source: Source, files: list[FilePlan]) -> int:
+    """Bytes this run will add: its shard files, the side files and a manifest (about 1 kB per
+    tensor: its record, pieces and digest), so that a disk that fits only the weights is refused
+    before the first byte rather than at the last file."""
+    sides = sum(p.stat().st_size for p in source_side_files(source))
+    return sum(f.layout.size for f in files) + sides + 1024 * sum(len(f.tensors) for f in files) + 65536
 
 
 def _prepare_output(out: Path, plan: Plan, force: bool, writes: list[str]) -> dict[str, dict[str, Any]]:
@@ -104,11 +122,8 @@ def _prepare_output(out: Path, plan: Plan, force: bool, writes: list[str]) -> di
     The caller holds OUT's lock."""
     manifest = out / MANIFEST_NAME
     journal = Journal(out)
-    if manifest.exists():
-        try:
-            old = json.loads(manifest.read_text()).get("fingerprint")
-        except (OSError, json.JSONDecodeError):
-            old = None
+    if manifest.exists() or manifest.is_symlink():
+        old = _old_fingerprint(manifest)
         if old == plan.fingerprint and not force:
             return {"__complete__": {}}
         if not force:
@@ -138,7 +153,7 @@ def _verified(out: Path, f: FilePlan, records: dict[str, dict[str, Any]], pool: 
     again now from what is on disk, is the journaled one."""
     rec = records.get(f.name)
     path = out / f.name
-    if rec is None or not path.is_file() or path.stat().st_size != f.layout.size:
+    if rec is None or path.is_symlink() or not path.is_file() or path.stat().st_size != f.layout.size:
         return False
     try:
         digest = WRITTEN.digests(path, HASH, pool)[0]
@@ -219,14 +234,15 @@ def _finish_file(
     return record
 
 
-def _copy_side_files(source: Source, out: Path) -> list[str]:
-    copied = []
-    for p in side_files(source.path):
-        tmp = out / (p.name + ".tmp")
-        shutil.copyfile(p, tmp)
-        fsync_path(tmp)
-        os.replace(tmp, out / p.name)
-        copied.append(p.name)
+def _copy_side_files(source: Source, out: Path, sync: str) -> dict[str, dict[str, Any]]:
+    """Copy config, tokenizer, ... (each created fresh, never through a planted link) and return
+    their records for the manifest: {name: {size, digest}} of exactly the bytes written; each
+    fsync'd before its rename unless --sync none."""
+    copied = {}
+    for p in source_side_files(source):
+        h = new_hash(HASH)
+        size = copy_file(p, out / p.name, h, durable=sync != "none")
+        copied[p.name] = {"size": size, "digest": h.hexdigest()}
     return copied
 
 
@@ -387,7 +403,7 @@ def _convert(
             lock = OutputLock(out, "convert")  # held until the manifest is written and the journal gone
             records = _prepare_output(out, plan, force, _writes(source, plan))
             if "__complete__" in records:
-                manifest = json.loads((out / MANIFEST_NAME).read_text())
+                manifest = read_json(out / MANIFEST_NAME, MANIFEST_BYTES)
                 return ConvertResult(out, plan, "up-to-date", time.perf_counter() - start, 0, manifest=manifest)
             # Per file, not per unit: a kill between two files of one unit keeps the finished one
             # (docs/shard-format.md: "skips the finished files whose digests match").
@@ -395,7 +411,7 @@ def _convert(
             todo = [kept for u in plan.units if (kept := [f for f in u if f.name not in reused])]
             if reused:
                 log.info("resuming: %d finished file(s) verified and kept", len(reused))
-            check_free_space(out, sum(f.layout.size for u in todo for f in u), "the conversion")
+            check_free_space(out, _space_needed(source, [f for u in todo for f in u]), "the conversion")
             if on_plan:
                 on_plan(plan)
             journal = Journal(out)
@@ -423,7 +439,7 @@ def _convert(
                     for fut in finishing:
                         fut.result()
                 input_digests = known_inputs if inputs is None else inputs.result()
-                copied = _copy_side_files(source, out)
+                copied = _copy_side_files(source, out, options.sync)
                 if options.sync == "end":  # reused files too: an interrupted run may not have synced them
                     # (the side files were fsynced as they were copied, in every mode)
                     list(pool.map(fsync_path, [out / f.name for f in plan.files]))
@@ -455,7 +471,7 @@ def _manifest(
     plan: Plan,
     finished: dict[str, dict[str, Any]],
     input_digests: dict[str, dict[str, Any]],
-    copied: list[str],
+    copied: dict[str, dict[str, Any]],
 ) -> dict[str, Any]:
     return build_manifest(
         fingerprint=plan.fingerprint,

@@ -7,8 +7,6 @@ interrupted merge never looks like a checkpoint and `--force` removes only files
 
 from __future__ import annotations
 
-import os
-import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -18,11 +16,11 @@ from ..errors import UserError
 from ..model import hf_tensor_shapes
 from ..model.checkpoint import INDEX_NAME, hf_file_names, write_hf_weights
 from ..outputs import check_free_space, make_output_dir, prepare_output, write_record
-from ..safetensors_io import fsync_path
+from ..safe_files import copy_file
 from ..shards.lock import OutputLock, ensure_not_being_written
 from .engine import CHUNK_BYTES
 from .plan import DEFAULT_MAX_PART_SIZE, output_path_problems
-from .sources import ShardSource, side_files
+from .sources import ShardSource, source_side_files
 
 LAST = "config.json"  # an HF checkpoint without it is not one: written last, it marks completion
 
@@ -50,13 +48,16 @@ def merge(
         source.verify()  # a damaged shard must not come back as a clean-looking HF checkpoint
         tensors = list(hf_tensor_shapes(source.config))
         groups = _groups(source, tensors, max_part_size)
-        sides = side_files(source.path)
+        sides = source_side_files(source)  # the recorded ones, checked by verify() above
         weights = hf_file_names(len(groups))
         writes = weights + ([INDEX_NAME] if len(groups) > 1 else []) + [p.name for p in sides]
         make_output_dir(out)
         lock = OutputLock(out, "merge")
         prepare_output(out, writes, force)
-        check_free_space(out, sum(source.tensors[n].row_bytes * source.tensors[n].rows for n in tensors), "the merge")
+        weights_bytes = sum(source.tensors[n].row_bytes * source.tensors[n].rows for n in tensors)
+        # Headers, the index and the side files too (a few kB each; the side files their size).
+        extra = sum(p.stat().st_size for p in sides) + 65536 * (len(groups) + 1)
+        check_free_space(out, weights_bytes + extra, "the merge")
         write_record(out, "merge", str(source.path), writes, "writing")
 
         def chunks(name: str) -> Iterator[tuple[int, np.ndarray]]:
@@ -96,10 +97,7 @@ def _groups(source: ShardSource, tensors: list[str], max_part_size: int) -> list
 
 
 def _copy(src: Path, out: Path) -> None:
-    tmp = out / (src.name + ".tmp")
-    shutil.copyfile(src, tmp)
-    fsync_path(tmp)
-    os.replace(tmp, out / src.name)
+    copy_file(src, out / src.name)  # created fresh: never through a link planted in OUT
 
 
 def merged_bytes(shards: str | Path) -> int:

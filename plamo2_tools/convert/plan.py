@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .. import __version__
 from ..dtypes import FLOAT_DTYPES, DType, dtype_name
-from ..errors import UserError
+from ..errors import UserError, os_error
 from ..model import family_of, hf_tensor_shapes
 from ..model.layout import CONSTANT, OutputTensor, make_mapping, rank_tensors
 from ..parallel import Mapping
@@ -61,6 +62,9 @@ class Plan:
         return [f.name for f in self.files if f.rank == rank]
 
 
+MAX_SIZE = 2**50  # 1 PiB: any larger --max-part-size is a typo
+
+
 def parse_size(text: str) -> int:
     """'5GiB', '500MB', '1e9', '4096' -> bytes."""
     units = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
@@ -68,9 +72,13 @@ def parse_size(text: str) -> int:
     s = text.strip().lower().replace(" ", "")
     number = s.rstrip("kmgtib")
     try:
-        value = int(float(number) * units[s[len(number) :]])
+        scaled = float(number) * units[s[len(number) :]]
     except (ValueError, KeyError):
         raise UserError(f"cannot read size {text!r} (examples: 5GiB, 500MB, 1000000)") from None
+    # "inf", "nan" and 1e400 read as floats but are no size (int() of them raised a bug exit).
+    if not math.isfinite(scaled) or scaled > MAX_SIZE:
+        raise UserError(f"size {text!r} must be a finite number of bytes, at most {MAX_SIZE} (1 PiB)")
+    value = int(scaled)
     if value <= 0:
         raise UserError(f"size {text!r} must be positive")
     return value
@@ -93,7 +101,10 @@ def fingerprint(source: Source, mapping: Mapping, out_dtype: DType | None, max_p
     """Identifies (input, options, tool version): resume and 'already done' compare it."""
     inputs = []
     for path in source.input_files() + [source.path / "config.json"]:
-        st = path.stat()
+        try:
+            st = path.stat()
+        except OSError as e:  # a file the source lists is gone: the user's to fix, not a crash
+            raise os_error(e, f"{path}: cannot read an input file") from None
         inputs.append([path.name, st.st_size, st.st_mtime_ns])
     key = {
         "version": __version__,

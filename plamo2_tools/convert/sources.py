@@ -17,6 +17,7 @@ from ..dtypes import DType
 from ..errors import CheckpointError, UserError
 from ..model.checkpoint import HFCheckpoint
 from ..model.layout import invert_values
+from ..safe_files import ensure_inside_source
 from ..safetensors_io import TensorInfo, read_array, read_header
 from ..shards.formats import HASH, WRITTEN
 from ..shards.integrity import verify_shard_files
@@ -66,15 +67,25 @@ class Source(Protocol):
 
 
 def side_files(directory: Path) -> list[Path]:
-    """Config, tokenizer, remote code ...: every plain file that is not weights or our bookkeeping."""
+    """Config, tokenizer, remote code ...: every plain file that is not weights or our bookkeeping.
+    A symlink among them must stay inside the directory or its Hugging Face cache repository
+    (refused otherwise: a link to a private file must not be copied into the shards)."""
     return sorted(
-        p
+        ensure_inside_source(directory, p)
         for p in directory.iterdir()
         if p.is_file()
         and not p.name.endswith(WEIGHT_SUFFIXES)
         and p.name not in NOT_COPIED
         and not p.name.startswith(".")
     )
+
+
+def source_side_files(source: Source) -> list[Path]:
+    """The side files a conversion or merge copies: a shard source's are the ones its manifest
+    recorded (and `verify` checked), never whatever else lies in the directory."""
+    if isinstance(source, ShardSource):
+        return [source.path / name for name in source.manifest.copied_files]
+    return side_files(source.path)
 
 
 class HFSource:
@@ -191,7 +202,7 @@ class ShardSource:
         record: {name: {size, digest}} by the rule and algorithm we write (for an older format,
         or another algorithm, that is a second digest of each file)."""
         m = self.manifest
-        verify_shard_files(m, range(m.mapping.world_size), digests=True)
+        verify_shard_files(m, range(m.mapping.world_size), digests=True)  # side files included
         same = (m.format, m.hash) == (WRITTEN, HASH)
         return {
             name: {"size": rec.size, "digest": rec.digest if same else WRITTEN.digests(m.path / name, HASH, pool)[0]}

@@ -29,6 +29,7 @@ from typing import Any
 from ..errors import Plamo2Error, UserError
 from ..runtime.process.jobs import run_job
 from ..runtime.process.result_io import result_type
+from ..safetensors_io import atomic_write_text
 from .gsm8k_task import Gsm8kData, gsm8k_task_config
 from .hf_offline import hf_offline, offline_env
 
@@ -193,8 +194,8 @@ def write_stable_results(aggregated: Path, stable: Path) -> None:
     whole, then renamed, so that a reader never sees half of it."""
     tagged = {"kind": EVAL_KIND, "schema_version": EVAL_SCHEMA_VERSION, **json.loads(aggregated.read_text("utf-8"))}
     partial = stable.with_name(f".{stable.name}.partial")
-    partial.write_text(json.dumps(tagged, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    os.replace(partial, stable)
+    atomic_write_text(stable, json.dumps(tagged, indent=2, ensure_ascii=False) + "\n", tmp=partial)
+    # (created fresh: a link planted at the temporary name is replaced, never written through)
 
 
 def _build_model(runtime: Any, request: EvalRequest) -> Any:

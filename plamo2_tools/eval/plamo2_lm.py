@@ -63,6 +63,21 @@ class Plamo2LM(TemplateLM):
 
     backend = "causal"
 
+    @classmethod
+    def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None) -> Plamo2LM:
+        """lm-eval's `--model_args` plus the settings its CLI adds (`device`, `batch_size`,
+        `max_batch_size`).  lm-eval passes both as keywords, so a key in both (`device=cpu` in
+        --model_args) was a TypeError.  The rule: what --model_args says wins; a different value
+        from lm-eval's own option is named in a warning."""
+        from lm_eval.utils import simple_parse_args_string
+
+        args = simple_parse_args_string(arg_string)
+        added = {k: v for k, v in (additional_config or {}).items() if v is not None}
+        for key in sorted(set(args) & set(added)):
+            if str(args[key]) != str(added[key]):
+                log.warning("%s=%s from --model_args wins over lm-eval's %s", key, args[key], added[key])
+        return cls(**{**added, **args})
+
     def __init__(
         self,
         pretrained: str | None = None,

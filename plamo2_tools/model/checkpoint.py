@@ -16,8 +16,19 @@ import numpy as np
 from ..dtypes import SAFETENSORS_NAMES as DTYPE_NAMES
 from ..dtypes import as_dtype
 from ..errors import CheckpointError
+from ..jsonio import CONFIG_BYTES, read_json
 from ..numerics import to_torch
-from ..safetensors_io import PartialFile, SafetensorsFile, TensorInfo, plan_file, read_array, read_header, tensor_bytes
+from ..safe_files import ensure_inside_source, plain_name
+from ..safetensors_io import (
+    PartialFile,
+    SafetensorsFile,
+    TensorInfo,
+    atomic_write_text,
+    plan_file,
+    read_array,
+    read_header,
+    tensor_bytes,
+)
 from .registry import family_of, hf_tensor_shapes, load_config
 
 if TYPE_CHECKING:  # only the reference forward reads tensors as torch's (read_rows, get)
@@ -59,14 +70,14 @@ class HFCheckpoint:
             missing = [n for n in names if not (self.path / n).is_file()]
             if missing:
                 raise CheckpointError(f"{index}: refers to missing file(s): {', '.join(missing)}")
-            return [self.path / n for n in names]
+            return [ensure_inside_source(self.path, self.path / n) for n in names]
         self._weight_map = None
         single = self.path / SINGLE_NAME
         if single.is_file():
-            return [single]
+            return [ensure_inside_source(self.path, single)]
         found = sorted(self.path.glob("*.safetensors"))
         if len(found) == 1:
-            return found
+            return [ensure_inside_source(self.path, found[0])]
         raise CheckpointError(
             f"{self.path}: no {SINGLE_NAME} or {INDEX_NAME}"
             + (f" (found {len(found)} .safetensors files and no index)" if found else "")
@@ -143,14 +154,12 @@ class HFCheckpoint:
 
 
 def _read_index(index: Path) -> dict[str, str]:
-    try:
-        raw = json.loads(index.read_text())
-        weight_map = raw["weight_map"]
-        if not isinstance(weight_map, dict):
-            raise TypeError
-    except (json.JSONDecodeError, KeyError, TypeError):
-        raise CheckpointError(f"{index}: not a valid safetensors index (needs a 'weight_map' object)") from None
-    return {str(k): str(v) for k, v in weight_map.items()}
+    raw = read_json(index, CONFIG_BYTES)
+    weight_map = raw.get("weight_map") if isinstance(raw, dict) else None
+    if not isinstance(weight_map, dict):
+        raise CheckpointError(f"{index}: not a valid safetensors index (needs a 'weight_map' object)")
+    # Its file names are opened: each must be a plain name in the checkpoint directory.
+    return {str(k): plain_name(v, str(index)) for k, v in weight_map.items()}
 
 
 # ---- writing ---------------------------------------------------------------------------------------
@@ -200,5 +209,5 @@ def write_hf_weights(
             raise
     if len(names) > 1:
         index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
-        (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+        atomic_write_text(out / INDEX_NAME, json.dumps(index, indent=2) + "\n")  # never through a planted link
     return names

@@ -9,12 +9,12 @@ family defined elsewhere (the toy family of tests/model/test_family_seam.py does
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError
+from ..errors import CheckpointError, ConfigError
+from ..jsonio import CONFIG_BYTES, read_json
 from . import layout
 from .family import Family
 from .plamo2 import FAMILY as PLAMO2
@@ -73,14 +73,12 @@ def load_config(path: str | Path) -> Any:
     path = Path(path)
     if path.is_dir():
         path = path / "config.json"
-    try:
-        raw = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: not found (is this a model checkpoint directory?)") from None
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"{path}: not valid JSON ({e})") from None
-    except UnicodeDecodeError:
-        raise ConfigError(f"{path}: not text (UTF-8)") from None
+    if not path.exists() and not path.is_symlink():
+        raise ConfigError(f"{path}: not found (is this a model checkpoint directory?)")
+    try:  # bounded: a FIFO, a huge or a deeply nested file is one line
+        raw = read_json(path, CONFIG_BYTES)
+    except CheckpointError as e:
+        raise ConfigError(str(e)) from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a JSON object")
     return config_from_dict(raw, str(path))

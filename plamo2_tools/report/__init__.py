@@ -10,6 +10,7 @@ the optional "generated" line), so a report can be committed and diffed.
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -18,10 +19,12 @@ from typing import Any
 
 from .. import __version__
 from ..errors import EnvironmentLimitError, UserError
+from ..safe_files import create_fresh, write_all
 from . import bench_convert, bench_kernels, bench_runtime, bench_serve, checks, lmeval, tools, verify
 from .context import Context
 from .inputs import (
     BENCH_CONVERT,
+    BENCH_FUZZ,
     BENCH_KERNELS,
     BENCH_RUNTIME,
     BENCH_SERVE,
@@ -52,7 +55,11 @@ SECTIONS: list[tuple[tuple[str, ...], str, Renderer]] = [
     ((BENCH_KERNELS,), "Kernel benchmark", bench_kernels.render),
     ((BENCH_RUNTIME,), "Runtime throughput", bench_runtime.render),
     ((BENCH_SERVE,), "Server under load", bench_serve.render),
-    ((VLLM_COMPAT, VLLM_FORWARD, BENCH_TOKENIZER, KILL_RESUME), "Compatibility and robustness", checks.render),
+    (
+        (VLLM_COMPAT, VLLM_FORWARD, BENCH_TOKENIZER, KILL_RESUME, BENCH_FUZZ),
+        "Compatibility and robustness",
+        checks.render,
+    ),
     ((CONVERT, CHECK, INSPECT), "Tool output", tools.render),
 ]
 
@@ -86,10 +93,16 @@ def build_report(
     docs, skipped = collect(inputs)
     if not docs:
         where = ", ".join(str(p) for p in inputs)
+        first = f" ({skipped[0].name}: {skipped[0].reason})" if skipped else ""
         raise UserError(
             f"nothing usable in {where}: {len(skipped)} JSON file(s) found, none is lm-eval results, verify, "
-            "benchmark or convert/check/inspect output"
+            f"benchmark or convert/check/inspect output{first}"
         )
+    docs, malformed = _renderable(docs)
+    skipped = skipped + malformed
+    if not docs:
+        where = ", ".join(map(str, inputs))
+        raise UserError(f"nothing usable in {where}: every result file is malformed ({malformed[0].reason})")
     ctx = Context(out)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -99,6 +112,26 @@ def build_report(
     except OSError as e:
         raise EnvironmentLimitError(f"cannot write the report to {out}: {e.strerror or e}") from None
     return ReportResult(out, list(ctx.plots), docs, skipped, list(ctx.warnings))
+
+
+# What a renderer raises on a file whose kind and version are right but whose fields are not
+# (a string where a number goes, a list where an object goes): the file is skipped, not a crash.
+MALFORMED = (KeyError, TypeError, ValueError, AttributeError, IndexError, ZeroDivisionError, OverflowError)
+
+
+def _renderable(docs: list[Doc]) -> tuple[list[Doc], list[Skipped]]:
+    """Render each file alone first (plots into a scratch directory): one that a renderer cannot
+    read is skipped with its reason, so one wrong-typed field costs that file, not the report."""
+    good, bad = [], []
+    with tempfile.TemporaryDirectory(prefix="plamo2-report-") as scratch:
+        for doc in docs:
+            try:
+                _sections([doc], Context(Path(scratch) / "trial.md"))
+            except MALFORMED as e:
+                bad.append(Skipped(doc.name, f"malformed {doc.kind} file ({type(e).__name__}: {e})"))
+            else:
+                good.append(doc)
+    return good, bad
 
 
 def _sections(docs: list[Doc], ctx: Context) -> list[str]:
@@ -133,5 +166,9 @@ def _inputs(docs: Sequence[Doc], skipped: Sequence[Skipped]) -> list[str]:
 def _write_text(path: Path, text: str) -> None:
     """Write via a temporary file and rename, so a failed run never leaves half a report."""
     tmp = path.with_name(f".{path.name}.partial")
-    tmp.write_text(text, encoding="utf-8")
+    fd = create_fresh(tmp, os.O_WRONLY)  # never written through a link planted at that name
+    try:
+        write_all(fd, text.encode("utf-8"), tmp)
+    finally:
+        os.close(fd)
     os.replace(tmp, path)

@@ -1,13 +1,14 @@
 """Results of the compatibility and robustness scripts: vLLM 0.26's own loaders on our shards
 (bench/vllm_compat.py), the native tokenizer against PLaMo's original (bench/tokenizer.py), and
-convert killed at random points then resumed (bench/kill_resume.py)."""
+convert killed at random points then resumed (bench/kill_resume.py), and the fuzz campaign of hostile
+inputs (bench/fuzz.py)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from .context import Context
-from .inputs import BENCH_TOKENIZER, KILL_RESUME, VLLM_COMPAT, VLLM_FORWARD, Doc
+from .inputs import BENCH_FUZZ, BENCH_TOKENIZER, KILL_RESUME, VLLM_COMPAT, VLLM_FORWARD, Doc
 from .markdown import MISSING, code, num, table
 
 
@@ -16,7 +17,9 @@ def render(docs: list[Doc], ctx: Context) -> list[str]:
     for kind, title, make in ((VLLM_COMPAT, "vLLM 0.26 loads our shards", vllm_table),
                               (VLLM_FORWARD, "vLLM 0.26's own PLaMo 3 forward vs our oracle", forward_table),
                               (BENCH_TOKENIZER, "Native tokenizer vs PLaMo's original", tokenizer_table),
-                              (KILL_RESUME, "convert killed and resumed", kill_table)):  # fmt: skip
+                              (KILL_RESUME, "convert killed and resumed", kill_table),
+                              (BENCH_FUZZ, "Fuzzed inputs: exit 0-3 with one line, never 70, never a hang",
+                               fuzz_table)):  # fmt: skip
         chosen = [d for d in docs if d.kind == kind]
         if chosen:
             lines += [f"### {title}", "", *make(chosen), ""]
@@ -77,3 +80,12 @@ def kill_table(docs: list[Doc]) -> list[str]:
     return table(
         ["File", "preset", "layout", "kills", "killed mid-way", "every resume byte-identical"], rows, right=(3, 4)
     )
+
+
+def fuzz_table(docs: list[Doc]) -> list[str]:
+    rows = []
+    for doc in docs:
+        for target, t in sorted(doc.data["targets"].items()):
+            outcomes = ", ".join(f"{k}: {v}" for k, v in sorted(t["outcomes"].items()))
+            rows.append([code(doc.name), target, str(t["tried"]), outcomes, str(t.get("contract_broken", 0))])
+    return table(["File", "target", "inputs", "outcomes", "contract broken"], rows, right=(2, 4))

@@ -21,9 +21,11 @@ from pathlib import Path
 from typing import Any
 
 from ..convert.engine import CONVERT_KIND
-from ..errors import UserError
+from ..errors import Plamo2Error, UserError
 from ..eval.harness import EVAL_KIND
 from ..inspect import INSPECT_KIND
+from ..jsonio import MAX_DEPTH, RESULT_BYTES, depth
+from ..safe_files import read_regular
 from ..shards.check import CHECK_KIND
 from ..verify import VERIFY_KIND
 
@@ -44,6 +46,7 @@ VLLM_FORWARD_KIND = "plamo3-vllm-forward"  # bench/plamo3_vllm_forward.py
 BENCH_TOKENIZER_KIND = "plamo2-bench-tokenizer"  # bench/tokenizer.py
 KILL_RESUME_KIND = "plamo2-bench-kill-resume"  # bench/kill_resume.py
 BENCH_SERVE_KIND = "plamo2-bench-serve"  # bench/serve.py
+BENCH_FUZZ_KIND = "plamo2-bench-fuzz"  # bench/fuzz.py
 
 # Report sections, in the order the report shows them (the names appear in "Read as" and --json).
 LMEVAL = "lm-eval"
@@ -59,8 +62,9 @@ VLLM_COMPAT = "vllm-compat"
 VLLM_FORWARD = "vllm-forward"
 BENCH_TOKENIZER = "bench-tokenizer"
 KILL_RESUME = "kill-resume"
+BENCH_FUZZ = "bench-fuzz"
 KINDS = (LMEVAL, VERIFY, BENCH_CONVERT, BENCH_KERNELS, BENCH_RUNTIME, BENCH_SERVE, VLLM_COMPAT, VLLM_FORWARD,
-         BENCH_TOKENIZER, KILL_RESUME, CONVERT, CHECK, INSPECT)  # fmt: skip
+         BENCH_TOKENIZER, KILL_RESUME, BENCH_FUZZ, CONVERT, CHECK, INSPECT)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -88,6 +92,7 @@ SCHEMAS: dict[str, Schema] = {
     VLLM_FORWARD_KIND: Schema(VLLM_FORWARD, (1,), {"summary": dict, "cases": list}),
     BENCH_TOKENIZER_KIND: Schema(BENCH_TOKENIZER, (1,), {"summary": dict}),
     KILL_RESUME_KIND: Schema(KILL_RESUME, (1,), {"trials": list, "all_identical": bool}),
+    BENCH_FUZZ_KIND: Schema(BENCH_FUZZ, (1,), {"targets": dict, "inputs": int, "contract_broken": int}),
 }
 # lm-eval 0.4's aggregated results file (EvaluationTracker.save_results_aggregated): these keys,
 # each a JSON object, are always there; "configs" tells it from a digest of it.
@@ -143,25 +148,36 @@ def load(path: Path) -> Any:
     A JSON Lines file is read past its first line only when that line declares a kind of ours:
     lm-eval's samples files are JSON Lines too and can be tens of megabytes.
     """
-    text = path.read_text(encoding="utf-8")
+    text = read_regular(path, RESULT_BYTES).decode("utf-8")  # bounded; a FIFO refused, not waited on
     try:
-        return json.loads(text)
+        return _line(text)
     except json.JSONDecodeError:
         pass
     lines = [line for line in text.splitlines() if line.strip()]
     if not lines:
         raise ValueError("empty file")
-    head = json.loads(lines[0])  # a ValueError here means: not JSON at all
+    head = _line(lines[0])  # a ValueError here means: not JSON at all
     if not (isinstance(head, dict) and "kind" in head):
         return [head]  # enough to tell that it is something else
     records = []
     for i, line in enumerate(lines, 1):
         try:
-            records.append(json.loads(line))
+            records.append(_line(line))
         except json.JSONDecodeError:
             # A benchmark killed at its time limit leaves a cut last line; keep everything before.
             log.warning("%s: line %d is not JSON, ignored", path, i)
     return records
+
+
+def _line(text: str) -> Any:
+    """json.loads, bounded in depth (jsonio.MAX_DEPTH): too deep is a ValueError like bad JSON."""
+    try:
+        value = json.loads(text)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+    if depth(value) > MAX_DEPTH:
+        raise ValueError("nested too deeply")
+    return value
 
 
 def classify(data: Any) -> tuple[str | None, str]:
@@ -237,7 +253,7 @@ def collect(inputs: Iterable[Path]) -> tuple[list[Doc], list[Skipped]]:
     for path, name in find_files(inputs):
         try:
             data = load(path)
-        except (OSError, UnicodeDecodeError, ValueError) as e:
+        except (OSError, UnicodeDecodeError, ValueError, Plamo2Error) as e:
             skipped.append(_skip(name, f"not readable as JSON ({type(e).__name__})"))
             continue
         kind, reason = classify(data)
@@ -289,7 +305,9 @@ def _record_set(doc: Doc) -> frozenset[str]:
 
 
 def _skip(name: str, reason: str) -> Skipped:
-    log.warning("skipped %s: %s", name, reason)
+    # Not a warning per file: the report's Inputs table and --json list every skipped file, and
+    # the command's last line counts them (the README promises one line).
+    log.info("skipped %s: %s", name, reason)
     return Skipped(name, reason)
 
 

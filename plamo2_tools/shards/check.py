@@ -8,6 +8,7 @@ Checks, each reported as one line per problem:
   replicas   tensors cut from the same pieces on different ranks are byte-identical
   padding    vocab padding rows are zero
   coverage   the pieces of each source tensor cover it exactly once (replicas aside)
+  side_files (format 3) every copied file (config, tokenizer, ...) has its recorded size and digest
 
 Digests are computed in the algorithm and by the rules of the manifest's format version (1:
 SHA-256 of files and tensors; 2: its `hash`, files digested from their header and tensor digests),
@@ -27,8 +28,8 @@ from ..model import family_of
 from ..model.layout import CONSTANT, OutputTensor, rank_tensors
 from ..numerics import nonzero_count
 from ..safetensors_io import read_array, read_header
-from .integrity import all_digests, digest_mismatch, presence_problem
-from .manifest import Manifest, config_sha256, file_metadata, load_manifest
+from .integrity import all_digests, config_problem, digest_mismatch, presence_problem, side_file_problems
+from .manifest import Manifest, file_metadata, load_manifest
 
 # `check --json` (CheckReport.to_dict): `plamo2-tools report` recognises it by this kind and
 # version.  Bump the version when a field changes meaning or goes away (adding one is compatible).
@@ -59,26 +60,31 @@ def check_shards(path: str | Path, progress: Callable[[int], None] | None = None
     path = Path(path)
     m = load_manifest(path)
     report = CheckReport(path)
-    report.checks["config"] = _check_config(m)
+    report.checks["config"] = [p for p in [config_problem(m)] if p]
+    report.checks["side_files"] = side_file_problems(m)
     report.checks["files"], digests = _check_files(m, progress)
-    report.checks["headers"] = _check_headers(m)
+    report.checks["headers"] = _guarded(_check_headers, m)
     report.checks["tensors"] = [
         f"rank {rank}: {key}: {m.hash} digest differs from the manifest"
         for rank, entries in m.entries.items()
         for key, e in entries.items()
         if e.file in digests and digests[e.file].get(key) not in (None, e.digest)
     ]
-    report.checks["replicas"] = _check_replicas(m)
+    report.checks["replicas"] = _guarded(_check_replicas, m)
     # Only files that passed the file check: a missing or truncated one is reported already.
-    report.checks["padding"] = _check_padding(m, set(digests))
-    report.checks["coverage"] = _check_coverage(m)
+    report.checks["padding"] = _guarded(_check_padding, m, set(digests))
+    report.checks["coverage"] = _guarded(_check_coverage, m)
     return report
 
 
-def _check_config(m: Manifest) -> list[str]:
-    if config_sha256(m.path) != m.source.config_sha256:
-        return ["config.json differs from the one the shards were converted with"]
-    return []
+def _guarded(check: Callable[..., list[str]], *args: Any) -> list[str]:
+    """A check over records that a hand-edited (or hostile) manifest made inconsistent with each
+    other, say a piece past the end of its tensor: the inconsistency is the finding (exit 1),
+    not a crash.  Only the manifest's own records get here: they were typed when parsed."""
+    try:
+        return check(*args)
+    except (IndexError, KeyError, ValueError, TypeError, ZeroDivisionError, RuntimeError) as e:
+        return [f"the manifest's records are inconsistent with each other ({type(e).__name__}: {e})"]
 
 
 def _check_files(m: Manifest, progress: Callable[[int], None] | None) -> tuple[list[str], dict[str, dict[str, str]]]:

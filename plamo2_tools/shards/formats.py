@@ -9,6 +9,9 @@ up here (`format_of`), so a new version is one more object in `FORMATS` plus its
      buffers came with version 2).
   2  the algorithm named once (`hash`, XXH3-128 when we write it), digests under `digest`; a file's
      digest is H(header ‖ tensor digests in offset order), so each byte is hashed once.
+  3  version 2 plus `side_files`: every file copied into the directory (config, generation config,
+     tokenizer files, ...) with its size and digest (H of its bytes), checked by `check`, at load
+     and before resharding or merging (issue 21: an edited config.json was used silently).
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ class ShardFormat:
     default_hash: str  # the algorithm when the manifest names none (version 1) / when we write it
     combined: bool  # a file's digest is built from its header and tensor digests (else: of its bytes)
     has_constants: bool  # the layout includes the family's constant extras (vLLM's scale buffers)
+    side_digests: bool = False  # the manifest records every copied side file's size and digest
 
     def hash_of(self, raw: dict) -> str:
         """The algorithm a manifest of this version records its digests in."""
@@ -64,8 +68,9 @@ class ShardFormat:
 
 V1 = ShardFormat(1, "sha256", (SHA256,), SHA256, combined=False, has_constants=False)
 V2 = ShardFormat(2, "digest", tuple(HASHES), XXH3_128, combined=True, has_constants=True)
-FORMATS: dict[int, ShardFormat] = {f.version: f for f in (V1, V2)}
-WRITTEN = V2  # what convert writes
+V3 = ShardFormat(3, "digest", tuple(HASHES), XXH3_128, combined=True, has_constants=True, side_digests=True)
+FORMATS: dict[int, ShardFormat] = {f.version: f for f in (V1, V2, V3)}
+WRITTEN = V3  # what convert writes
 HASH = WRITTEN.default_hash
 
 
@@ -95,6 +100,13 @@ def combine_file_digest(header: bytes, tensor_digests: Sequence[str], algorithm:
 def _range_digest(fd: int, r: tuple[int, int], algorithm: str) -> str:
     h = new_hash(algorithm)
     hash_range(fd, r[0], r[1], [h])
+    return h.hexdigest()
+
+
+def bytes_digest(data: bytes, algorithm: str = HASH) -> str:
+    """A side file's digest (version 3): H of its bytes."""
+    h = new_hash(algorithm)
+    h.update(data)
     return h.hexdigest()
 
 

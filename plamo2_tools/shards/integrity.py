@@ -8,6 +8,9 @@ reader of shards as a source (reshard, merge) use.
   digest     the whole-file digest equals the manifest's, in the algorithm the manifest records
              and by its format version's rule (one read of every byte; `--no-verify` skips it for
              users who have just run `check`)
+  side files config.json against `source.config_sha256` (every version) and, from version 3,
+             every copied file (tokenizer, generation config, ...) against its recorded size and
+             digest: always, even with `--no-verify` (they are small, and they steer the model)
 
 `check` adds what only it needs on top (the layout re-derived from the config, replicas, padding,
 coverage: shards/check.py); the runtime needs all three above before a model runs, so that a file
@@ -24,9 +27,11 @@ from concurrent.futures import Executor, ThreadPoolExecutor
 
 import safetensors
 
+from ..digest import new_hash
 from ..errors import CheckpointError, Plamo2Error, os_error
+from ..safe_files import ensure_inside_source, hash_file
 from ..safetensors_io import read_header
-from .manifest import Manifest, file_metadata
+from .manifest import Manifest, config_sha256, file_metadata
 
 
 def presence_problem(m: Manifest, name: str, judge: bool = False) -> str | None:
@@ -37,9 +42,12 @@ def presence_problem(m: Manifest, name: str, judge: bool = False) -> str | None:
         return f"{name}: listed for a rank but missing from the manifest's files"
     path = m.path / name
     try:
+        ensure_inside_source(m.path, path)  # a symlink out of the directory is not a shard of it
         st = path.stat()
     except FileNotFoundError:
         return f"{name}: missing"
+    except Plamo2Error as e:
+        return f"{name}: {str(e).removeprefix(f'{path}: ')}"
     except OSError as e:
         raise os_error(e, f"{path}: cannot read") from None
     if not stat.S_ISREG(st.st_mode):
@@ -108,9 +116,45 @@ def all_digests(
     return out
 
 
+def config_problem(m: Manifest) -> str | None:
+    """config.json against the SHA-256 the manifest recorded (every format version)."""
+    try:
+        same = config_sha256(m.path) == m.source.config_sha256
+    except OSError as e:
+        raise os_error(e, f"{m.path / 'config.json'}: cannot read") from None
+    return None if same else "config.json differs from the one the shards were converted with"
+
+
+def side_file_problems(m: Manifest) -> list[str]:
+    """Version 3: every copied side file is there, a regular file of ours (not a symlink), with
+    its recorded size and digest.  Older versions recorded only names (config: config_problem)."""
+    problems = []
+    for name, rec in sorted(m.side_files.items()):
+        h = new_hash(m.hash)
+        try:
+            size = hash_file(m.path / name, h)
+        except Plamo2Error as e:
+            problems.append(f"{name}: {str(e).removeprefix(f'{m.path / name}: ')}")
+            continue
+        if (size, h.hexdigest()) != (rec.size, rec.digest):
+            problems.append(f"{name}: changed since the conversion ({m.hash} digest or size differs from the manifest)")
+    return problems
+
+
+def verify_side_files(m: Manifest) -> None:
+    """What the runtime's load, merge and resharding check before trusting a shard directory's
+    config and tokenizer: one CheckpointError line naming each changed file."""
+    problems = [p for p in (config_problem(m), *side_file_problems(m)) if p]
+    if problems:
+        raise CheckpointError(
+            f"{m.path}: {'; '.join(problems)}: refused (`plamo2-tools check {m.path}` shows everything)"
+        )
+
+
 def verify_shard_files(m: Manifest, ranks: Iterable[int], digests: bool = True) -> None:
-    """Every file of these ranks against the manifest (presence, header, digest): one
+    """Every file of these ranks against the manifest (side files, presence, header, digest): one
     CheckpointError line naming each bad file."""
+    verify_side_files(m)
     files = [(rank, name) for rank in ranks for name in m.rank_files(rank)]
     problems = [p for _, name in files if (p := presence_problem(m, name))]
     if not problems:

@@ -15,7 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import os_error
+from ..errors import CheckpointError, os_error
+from ..jsonio import MANIFEST_BYTES, parse_json
+from ..safe_files import open_regular, plain_name, read_regular
 from ..safetensors_io import atomic_write_text
 
 JOURNAL_NAME = ".plamo2_convert.journal.jsonl"
@@ -37,26 +39,29 @@ class Journal:
         return self.path.exists()
 
     def state(self) -> JournalState | None:
-        """What the journal says, or None when there is none (or it has no readable first line)."""
-        try:
-            lines = self.path.read_text().splitlines()
-        except (OSError, UnicodeDecodeError):
+        """What the journal says, or None when there is none (or it has no readable first line).
+        Every file name in it must be a plain name (exit 2 naming the journal and the entry): the
+        journal decides what a later run deletes."""
+        if not self.path.exists() and not self.path.is_symlink():
             return None
+        # Never through a symlink, never blocking on a FIFO, bounded in size.
+        lines = read_regular(self.path, MANIFEST_BYTES, follow=False).splitlines()
         rows = []
         for line in lines:
             try:
-                row = json.loads(line)
-            except json.JSONDecodeError:  # a line cut short by a kill
+                row = parse_json(line, str(self.path))
+            except CheckpointError:  # a line cut short by a kill
                 continue
             if isinstance(row, dict):
                 rows.append(row)
         if not rows:
             return None
         head, records = rows[0], rows[1:]
+        where = str(self.path)
         writes = head.get("writes") if isinstance(head.get("writes"), list) else []
         fingerprint = head.get("fingerprint") if isinstance(head.get("fingerprint"), str) else None
-        finished = {str(r["file"]): r for r in records if isinstance(r.get("file"), str)}
-        return JournalState(fingerprint, tuple(str(w) for w in writes), finished)
+        finished = {plain_name(r["file"], where): r for r in records if "file" in r}
+        return JournalState(fingerprint, tuple(plain_name(w, where) for w in writes), finished)
 
     def finished(self, fingerprint: str) -> dict[str, dict[str, Any]] | None:
         """Finished-file records if the journal belongs to this plan, else None."""
@@ -72,10 +77,13 @@ class Journal:
 
     def append(self, record: dict[str, Any]) -> None:
         try:
-            with self.lock, open(self.path, "a") as f:
-                f.write(json.dumps(record) + "\n")
-                f.flush()
-                os.fsync(f.fileno())
+            with self.lock:
+                fd = open_regular(self.path, os.O_WRONLY | os.O_APPEND, follow=False)
+                try:
+                    os.write(fd, (json.dumps(record) + "\n").encode())
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
         except OSError as e:  # a full disk here too is the environment's refusal, not a crash
             raise os_error(e, f"{self.path}: cannot record a finished file") from None
 

@@ -16,16 +16,18 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import errno
 import fcntl
 import json
 import logging
 import os
 import socket
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import EnvironmentLimitError, OutputBusyError
+from ..errors import CheckpointError, EnvironmentLimitError, OutputBusyError, Plamo2Error, UserError
+from ..jsonio import parse_json
+from ..safe_files import kind_of, open_regular
 
 LOCK_NAME = ".plamo2.lock"
 log = logging.getLogger("plamo2_tools.lock")
@@ -56,9 +58,9 @@ def _read_holder(fd: int) -> Holder | None:
     if not raw.strip():
         return None
     try:
-        data = json.loads(raw)
-        return Holder(int(data["pid"]), str(data["host"]), str(data.get("command")), data.get("started"))
-    except (ValueError, KeyError, TypeError):
+        data = parse_json(raw, "lock")
+        return Holder(int(data["pid"]), str(data["host"]), str(data.get("command")), str(data.get("started")))
+    except (CheckpointError, ValueError, KeyError, TypeError, OverflowError):
         return Holder(None, None, None, None)
 
 
@@ -110,11 +112,12 @@ class OutputLock:
         return fd
 
     def _open(self) -> int:
+        """The lock file, never through a symlink and never a FIFO, device or directory (a planted
+        link made us truncate the file it pointed to; a FIFO made readers hang)."""
         try:
-            return os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        except OSError as e:
-            what = "read-only file system" if e.errno == errno.EROFS else (e.strerror or str(e))
-            raise EnvironmentLimitError(f"{self.directory}: cannot write there ({what})") from None
+            return open_regular(self.path, os.O_RDWR, follow=False, create=True)
+        except EnvironmentLimitError as e:  # read-only, permissions: the machine's refusal
+            raise EnvironmentLimitError(f"{self.directory}: cannot write there ({e})") from None
 
     def _record(self, fd: int) -> None:
         started = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
@@ -152,9 +155,18 @@ class OutputLock:
 def ensure_not_being_written(directory: str | Path) -> None:
     """Refuse (exit 3, naming the writer) while convert or merge is writing `directory`."""
     directory = Path(directory)
+    path = directory / LOCK_NAME
     try:
-        fd = os.open(directory / LOCK_NAME, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:  # no lock file (the usual case), or one we cannot read: nothing to go on
+        st = os.lstat(path)
+    except OSError:  # no lock file: the usual case
+        return
+    if not stat.S_ISREG(st.st_mode):  # a symlink, FIFO or directory: refused at once, never waited on
+        raise UserError(
+            f"{path}: is {kind_of(st.st_mode)}, not a regular file (plamo2-tools never makes one): remove it"
+        )
+    try:
+        fd = open_regular(path, follow=False)
+    except Plamo2Error:  # one we cannot read, or gone since: nothing to go on
         return
     try:
         try:

@@ -19,11 +19,13 @@ from typing import Any
 
 from .. import __version__
 from ..dtypes import DType, dtype_name, parse_dtype
-from ..errors import CheckpointError, os_error
-from ..model import family_of, load_config
+from ..errors import CheckpointError
+from ..jsonio import CONFIG_BYTES, MANIFEST_BYTES, read_object
+from ..model import family_of, hf_tensor_shapes, load_config
 from ..model.family import Family
 from ..model.layout import OutputTensor, Piece, parse_transform
 from ..parallel import Mapping
+from ..safe_files import plain_name, read_regular
 from ..safetensors_io import atomic_write_text
 from .formats import FORMAT, HASH, WRITTEN, ShardFormat, format_of
 from .journal import JOURNAL_NAME
@@ -89,6 +91,14 @@ class SourceRecord:
 
 
 @dataclass(frozen=True)
+class SideRecord:
+    """A file copied into the shard directory (version 3): its size and digest (H of its bytes)."""
+
+    size: int
+    digest: str
+
+
+@dataclass(frozen=True)
 class Options:
     dtype: str  # convert's --dtype ("auto": the source's)
     max_part_size: int
@@ -117,6 +127,7 @@ class Manifest:
     ranks: tuple[RankRecord, ...]
     options: Options
     copied_files: tuple[str, ...]
+    side_files: dict[str, SideRecord]  # version 3: every copied file's size and digest (else empty)
     files: dict[str, FileRecord]
     entries: dict[int, dict[str, TensorEntry]]  # rank -> key -> entry
 
@@ -186,13 +197,14 @@ def build_manifest(
     max_part_size: int,
     files: list[tuple[str, int, int, dict[str, Any]]],
     tensors: list[tuple[int, str, OutputTensor, str]],
-    copied: list[str],
+    copied: dict[str, dict[str, Any]],
 ) -> dict[str, Any]:
     """The manifest of a finished conversion.
 
     `source`: path, kind, files ({name: {size, digest[, sha256]}}), config_sha256, tensors
     ({name: {dtype, shape}}); `files`: (name, rank, part, {size, digest}); `tensors`: (rank, file,
-    tensor, digest).  Every `digest` is in the algorithm HASH, named in the manifest."""
+    tensor, digest); `copied`: {side file: {size, digest}}.  Every `digest` is in the algorithm
+    HASH, named in the manifest."""
     records: dict[str, dict[str, Any]] = {}
     for rank, file, t, digest in tensors:
         records.setdefault(str(rank), {})[t.key] = tensor_record(t, file, digest)
@@ -225,7 +237,8 @@ def build_manifest(
             "tied_embeddings": config.tie_word_embeddings,
             "padded_vocab": config.padded_vocab,
         },
-        "copied_files": copied,
+        "copied_files": sorted(copied),
+        "side_files": {name: {"size": rec["size"], "digest": rec["digest"]} for name, rec in sorted(copied.items())},
         "tensors": records,
         "files": {
             name: {"size": rec["size"], "digest": rec["digest"], "rank": rank, "part": part}
@@ -240,7 +253,7 @@ def write_manifest(directory: Path, manifest: dict[str, Any]) -> None:
 
 
 def config_sha256(directory: Path) -> str:
-    return hashlib.sha256((directory / "config.json").read_bytes()).hexdigest()
+    return hashlib.sha256(read_regular(directory / "config.json", CONFIG_BYTES)).hexdigest()
 
 
 # ---- reading --------------------------------------------------------------------------------------
@@ -272,23 +285,18 @@ def _stamp(path: Path) -> tuple[int, int]:
 def _parse_manifest(directory: Path, path: Path) -> Manifest:
     if not directory.is_dir():
         raise CheckpointError(f"{directory}: {'not a directory' if directory.exists() else 'no such directory'}")
-    if not path.is_file():
+    if not path.exists():
         hint = " (an unfinished conversion: run convert again to resume)" if (directory / JOURNAL_NAME).exists() else ""
         raise CheckpointError(f"{directory}: no {MANIFEST_NAME}: not a complete plamo2-tools shard directory{hint}")
-    try:
-        raw = json.loads(path.read_text())
-    except OSError as e:
-        raise os_error(e, f"{path}: cannot read") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{path}: not a valid manifest (not JSON: {e})") from None
-    if not isinstance(raw, dict) or raw.get("format") != FORMAT:
+    raw = read_object(path, MANIFEST_BYTES, f"a {FORMAT} manifest")
+    if raw.get("format") != FORMAT:
         raise CheckpointError(f"{path}: not a {FORMAT} manifest")
     fmt = format_of(raw.get("format_version"), str(path))
     try:
         return _typed(directory, raw, fmt)
     except CheckpointError as e:
         raise CheckpointError(f"{path}: {e}") from None
-    except (KeyError, TypeError, ValueError, AttributeError) as e:
+    except (KeyError, TypeError, ValueError, AttributeError, OverflowError, IndexError, ZeroDivisionError) as e:
         raise CheckpointError(f"{path}: malformed manifest ({type(e).__name__}: {e})") from None
 
 
@@ -298,40 +306,44 @@ def _typed(directory: Path, raw: dict[str, Any], fmt: ShardFormat) -> Manifest:
     m = raw["mapping"]
     mapping = Mapping(int(m["tp_size"]), int(m["pp_size"]), tuple((int(a), int(b)) for a, b in m["stages"]))
     ranks = tuple(
-        RankRecord(int(r["rank"]), int(r["tp_rank"]), int(r["pp_rank"]), tuple(str(f) for f in r["files"]))
-        for r in m["ranks"]
+        RankRecord(
+            int(r["rank"]),
+            int(r["tp_rank"]),
+            int(r["pp_rank"]),
+            tuple(plain_name(f, "mapping.ranks.files") for f in _list(r["files"])),
+        )
+        for r in _list(m["ranks"])
     )
     if len(ranks) != mapping.world_size or any(r.rank != i for i, r in enumerate(ranks)):
         raise CheckpointError(f"mapping.ranks lists {len(ranks)} ranks, not ranks 0..{mapping.world_size - 1}")
     key = fmt.digest_key
     files = {
-        str(name): FileRecord(int(rec["size"]), str(rec[key]), int(rec["rank"]), int(rec["part"]))
-        for name, rec in raw["files"].items()
+        plain_name(name, "files"): FileRecord(int(rec["size"]), str(rec[key]), int(rec["rank"]), int(rec["part"]))
+        for name, rec in _dict(raw["files"]).items()
     }
     entries: dict[int, dict[str, TensorEntry]] = {}
-    for rank_str, tensors in raw["tensors"].items():
+    for rank_str, tensors in _dict(raw["tensors"]).items():
         rank = int(rank_str)
         entries[rank] = {}
-        for tkey, rec in tensors.items():
+        for tkey, rec in _dict(tensors).items():
             t = OutputTensor(
                 key=tkey,
-                source=rec["source"],
-                shape=tuple(int(x) for x in rec["shape"]),
+                source=_str(rec["source"]),
+                shape=_shape(rec["shape"]),
                 dtype=parse_dtype(rec["dtype"]),
-                pieces=tuple(Piece(*p) for p in rec["pieces"]),
-                transforms=tuple(parse_transform(x) for x in rec["transforms"]),
+                pieces=tuple(_piece(p) for p in _list(rec["pieces"])),
+                transforms=tuple(parse_transform(x) for x in _list(rec["transforms"])),
             )
-            entries[rank][tkey] = TensorEntry(rank, rec["file"], t, str(rec[key]))
+            entries[rank][tkey] = TensorEntry(
+                rank, plain_name(rec["file"], f"tensors.{rank}.{tkey}.file"), t, str(rec[key])
+            )
     src = raw["source"]
     source = SourceRecord(
         path=str(src["path"]),
         kind=str(src["kind"]),
-        files=dict(src["files"]),
+        files={plain_name(n, "source.files"): dict(r) for n, r in _dict(src["files"]).items()},
         config_sha256=str(src["config_sha256"]),
-        tensors={
-            str(n): SourceTensorRecord(parse_dtype(r["dtype"]), tuple(int(x) for x in r["shape"]))
-            for n, r in src["tensors"].items()
-        },
+        tensors=_source_tensors(_dict(src["tensors"]), config),
     )
     o = raw["options"]
     options = Options(str(o["dtype"]), int(o["max_part_size"]), bool(o["tied_embeddings"]), int(o["padded_vocab"]))
@@ -346,7 +358,69 @@ def _typed(directory: Path, raw: dict[str, Any], fmt: ShardFormat) -> Manifest:
         mapping=mapping,
         ranks=ranks,
         options=options,
-        copied_files=tuple(str(x) for x in raw.get("copied_files") or ()),
+        copied_files=tuple(plain_name(x, "copied_files") for x in _list(raw.get("copied_files") or [])),
+        side_files=_side_files(raw, fmt),
         files=files,
         entries=entries,
     )
+
+
+def _side_files(raw: dict[str, Any], fmt: ShardFormat) -> dict[str, SideRecord]:
+    if not fmt.side_digests:
+        return {}
+    return {
+        plain_name(name, "side_files"): SideRecord(int(rec["size"]), str(rec["digest"]))
+        for name, rec in _dict(raw["side_files"]).items()
+    }
+
+
+def _source_tensors(raw: dict[str, Any], config: Any) -> dict[str, SourceTensorRecord]:
+    """The HF inventory the shards were cut from: exactly the names the config has (merge and
+    resharding look each one up).  Shapes are typed here and compared with the config by `check`
+    (a changed config.json is its finding, not a refusal to read)."""
+    out = {name: SourceTensorRecord(parse_dtype(rec["dtype"]), _shape(rec["shape"])) for name, rec in raw.items()}
+    expected = set(hf_tensor_shapes(config))
+    if set(out) != expected:
+        odd = sorted(set(out) ^ expected)
+        raise CheckpointError(
+            f"source.tensors does not list the tensors of config.json ({len(odd)} differ, e.g. {odd[0]!r}): "
+            "was config.json changed since the conversion?"
+        )
+    return out
+
+
+def _str(value: Any) -> str:
+    if not isinstance(value, str):  # a list here was unhashable later (found by bench/fuzz.py)
+        raise TypeError(f"expected a string, got {type(value).__name__}")
+    return value
+
+
+def _count(value: Any) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"{value!r} is not a count")
+    return value
+
+
+def _shape(value: Any) -> tuple[int, ...]:
+    return tuple(_count(x) for x in _list(value))
+
+
+def _piece(value: Any) -> Piece:
+    """[source | null, dim, start, length]: typed before any slicing uses it."""
+    source, dim, start, length = _list(value)
+    if not (source is None or isinstance(source, str)) or dim not in (0, 1) or isinstance(dim, bool):
+        raise ValueError(f"piece {value!r}")
+    return Piece(source, dim, _count(start), _count(length))
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    """A manifest field that must be an object (a list or a string there is malformed, not a crash)."""
+    if not isinstance(value, dict):
+        raise TypeError(f"expected an object, got {type(value).__name__}")
+    return value
+
+
+def _list(value: Any) -> list[Any]:
+    if not isinstance(value, list):
+        raise TypeError(f"expected an array, got {type(value).__name__}")
+    return value

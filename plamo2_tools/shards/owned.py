@@ -5,11 +5,12 @@ writes (`writes`) and whose later lines name the finished ones."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from ..errors import CheckpointError
+from ..errors import CheckpointError, Plamo2Error
+from ..jsonio import MANIFEST_BYTES, read_json
 from ..outputs import ensure_complete
+from ..safe_files import plain_name
 from .journal import Journal
 from .lock import ensure_not_being_written
 from .manifest import MANIFEST_NAME
@@ -18,13 +19,17 @@ from .manifest import MANIFEST_NAME
 def convert_outputs(out: Path) -> set[str]:
     """Every file an earlier convert into `out` says it wrote (or was about to write)."""
     names: set[str] = set()
+    path = out / MANIFEST_NAME
     try:
-        manifest = json.loads((out / MANIFEST_NAME).read_text())
-    except (OSError, ValueError):
+        manifest = read_json(path, MANIFEST_BYTES) if path.exists() else None
+    except Plamo2Error:  # not a manifest we could have written: it names nothing of ours
         manifest = None
     if isinstance(manifest, dict):
-        names.update(manifest.get("files") or {})
-        names.update(manifest.get("copied_files") or [])
+        for field in ("files", "copied_files", "side_files"):
+            listed = manifest.get(field) or []
+            if not isinstance(listed, (dict, list)):
+                raise CheckpointError(f"{path}: `{field}` is neither an object nor a list: refused")
+            names.update(plain_name(n, f"{path}: {field}") for n in listed)
     state = Journal(out).state()
     if state is not None:
         names.update(state.writes)

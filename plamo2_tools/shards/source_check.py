@@ -26,7 +26,7 @@ from typing import Any
 import safetensors
 import torch
 
-from ..dtypes import as_dtype
+from ..dtypes import DType, as_dtype
 from ..errors import CheckpointError, UserError
 from ..model import family_of
 from ..model.layout import CONSTANT, OutputTensor, Piece, apply_transforms, rank_tensors
@@ -83,13 +83,13 @@ class _Source:
         self.where = source_files(src)
         self._open = {p: stack.enter_context(safetensors.safe_open(str(p), "pt")) for p in set(self.where.values())}
 
-    def dtypes(self) -> dict[str, torch.dtype]:
+    def dtypes(self) -> dict[str, DType]:
         out = {}
         for name, path in self.where.items():
             code = self._open[path].get_slice(name).get_dtype()
             if code not in _ST_DTYPES:
                 raise CheckpointError(f"{path}: {name} has dtype {code}, not a float dtype a PLaMo checkpoint uses")
-            out[name] = _ST_DTYPES[code]
+            out[name] = as_dtype(_ST_DTYPES[code])
         return out
 
     def shape(self, name: str) -> tuple[int, ...]:
@@ -110,7 +110,6 @@ def expected_tensor(t: OutputTensor, source: _Source) -> torch.Tensor:
     parts = []
     for p in t.pieces:
         if p.source is None:
-            # t.dtype is ours (a forced or --dtype one) or the source's torch dtype: torch wants its own
             parts.append(torch.zeros((p.length, *t.shape[1:]), dtype=as_dtype(t.dtype).torch))
         else:
             parts.append(apply_transforms(source.piece(p), t.transforms, t.dtype))

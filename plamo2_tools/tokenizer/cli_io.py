@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from ..errors import UserError, os_error
+from ..safe_files import create_fresh, write_error
 from .loader import load_tokenizer
 
 
@@ -36,9 +37,13 @@ def run_tokenize(
         else:
             results = (tokenizer(text)["input_ids"] for _, text in records)
         count = 0
-        for value in results:
-            sink.write(json.dumps(value, ensure_ascii=False, separators=(",", ":")) + "\n")
-            count += 1
+        try:
+            for value in results:
+                sink.write(json.dumps(value, ensure_ascii=False, separators=(",", ":")) + "\n")
+                count += 1
+            sink.flush()
+        except OSError as e:  # a full disk names the output's filesystem, not an input
+            raise write_error(e, Path(out_file or "stdout")) from None
     return count
 
 
@@ -53,6 +58,8 @@ def _records(lines: Iterable[str], name: str, decode: bool) -> Iterator[tuple[st
             value = json.loads(line)
         except json.JSONDecodeError as e:
             raise UserError(f"{where}: not JSON ({e.msg}); each line must be {want}") from None
+        except RecursionError:  # [[[[...: no line of ours nests
+            raise UserError(f"{where}: nested too deeply; each line must be {want}") from None
         if decode:
             ok = isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
         else:
@@ -85,17 +92,20 @@ def _open_input(input_file: str | Path | None) -> Iterator[tuple[TextIO, str]]:
 
 @contextmanager
 def _open_output(out_file: str | Path | None) -> Iterator[TextIO]:
-    """stdout, or a file written as FILE.partial and renamed when complete."""
+    """stdout, or a file written as FILE.partial and renamed when complete.  FILE.partial is ours:
+    created fresh (a leftover of a killed run, or a planted link, is replaced, never written
+    through) and removed when the run stops early (a refused line, Ctrl-C), so nothing is left."""
     if out_file is None:
         yield sys.stdout
         sys.stdout.flush()
         return
     final = Path(out_file)
     partial = final.with_name(final.name + ".partial")
+    handle = os.fdopen(create_fresh(partial, os.O_WRONLY), "w", encoding="utf-8")
     try:
-        handle = partial.open("w", encoding="utf-8")
-    except OSError as e:
-        raise os_error(e, f"{final}: cannot write") from None
-    with handle:
-        yield handle
+        with handle:
+            yield handle
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
     os.replace(partial, final)

@@ -29,6 +29,8 @@ from typing import Any
 
 from transformers import PreTrainedTokenizer
 
+from ..errors import Plamo2Error
+from ..jsonio import read_json
 from .encoder import PlamoEncoder
 from .plamo3 import Plamo3Cuts
 from .vocab import read_rows
@@ -275,11 +277,9 @@ def _is_hex(text: str) -> bool:
 def model_vocab_size_of(directory: str | Path) -> int | None:
     """config.json's vocab_size, when the directory has one."""
     path = Path(directory) / "config.json"
-    try:
-        size = json.loads(path.read_text()).get("vocab_size")
-    except (OSError, ValueError, AttributeError):
-        return None
-    return size if isinstance(size, int) else None
+    value = _json_object(path)
+    size = value.get("vocab_size")
+    return size if isinstance(size, int) and not isinstance(size, bool) else None
 
 
 def plamo_family_of(directory: str | Path) -> str:
@@ -299,8 +299,10 @@ def plamo_family_of(directory: str | Path) -> str:
 
 
 def _json_object(path: Path) -> dict[str, Any]:
+    if not path.exists():
+        return {}
     try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        value = read_json(path)  # bounded: a FIFO, a huge or deeply nested file is no object
+    except Plamo2Error:
         return {}
     return value if isinstance(value, dict) else {}

@@ -7,10 +7,11 @@ A directory with PLaMo's ``tokenizer.jsonl`` gets the native tokenizer (PLaMo 2'
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
-from ..errors import Plamo2Error, UserError
+from ..errors import EnvironmentLimitError, Plamo2Error, UserError
 from .hf import PlamoTokenizerNative, model_vocab_size_of
 
 
@@ -62,3 +63,18 @@ def _auto_tokenizer(path: str | Path, trust_remote_code: bool) -> Any:
         raise UserError(f"{path}: cannot load the tokenizer ({e})") from None
     except OSError as e:
         raise UserError(f"{path}: cannot load the tokenizer ({e})") from None
+    except ImportError as e:  # the checkpoint's code imports a package this environment lacks
+        name = missing_package(e)
+        raise EnvironmentLimitError(
+            f"{path}: the checkpoint's tokenizer code needs the package {name}, which is not installed "
+            f"(pip install {name}), or drop --trust-remote-code to use the native PLaMo tokenizer"
+        ) from None
+
+
+def missing_package(e: ImportError) -> str:
+    """The package an ImportError is about: transformers' own check lists them ("requires the
+    following packages that were not found in your environment: numba"), Python names the module."""
+    listed = re.search(r"not found in your environment: ([\w\-., ]+?)\.?( Run|$)", str(e))
+    if listed:
+        return listed.group(1).strip()
+    return (e.name or str(e)).split(".")[0] or "unknown"

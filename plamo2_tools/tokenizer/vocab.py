@@ -10,14 +10,17 @@ among all rows.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import UserError, os_error
+from ..errors import UserError
+from ..jsonio import MiB, parse_json
+from ..safe_files import read_regular
+
+VOCAB_BYTES = 256 * MiB  # PLaMo's 100k-row tokenizer.jsonl is about 10 MB
 
 # PLaMo's integer sentinels: rows scoring at or below INVALID_SCORE are never chosen, and a character
 # no piece covers costs -UNKNOWN_SCORE and becomes its UTF-8 byte tokens.
@@ -51,18 +54,9 @@ class VocabTables:
 def read_rows(path: str | Path) -> list[list[Any]]:
     """The JSON rows of a tokenizer.jsonl, one per line (a line that is not an array is an error)."""
     path = Path(path)
-    rows: list[list[Any]] = []
-    try:
-        with path.open(encoding="utf-8") as f:
-            for number, line in enumerate(f, 1):
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise UserError(f"{path}:{number}: not a JSON line ({e.msg})") from None
-                rows.append(row)
-    except OSError as e:
-        raise os_error(e, f"{path}: cannot read") from None
-    return rows
+    # A regular file of bounded size (a FIFO is refused at once), each line of bounded depth.
+    data = read_regular(path, VOCAB_BYTES)
+    return [parse_json(line, f"{path}:{number}") for number, line in enumerate(data.splitlines(), 1)]
 
 
 def integer_score(score: float) -> int:

@@ -209,3 +209,11 @@ def test_logits_errors_in_a_real_process(tmp_path: Path, checkpoint: Checkpoint)
     assert p.returncode == 2, p.stderr
     assert len(p.stderr.strip().splitlines()) == 1 and "Traceback" not in p.stderr, p.stderr
     assert "outside the vocabulary" in p.stderr and p.stdout == ""
+
+
+def test_help_shows_no_type_beside_plain_flags(cli) -> None:
+    """Issue 21: `--force  --no-force  <bool>` read as if the flag took a value."""
+    for command in ("convert", "merge", "check", "synth"):
+        text = cli(command, "--help").stdout
+        flags = [line for line in text.splitlines() if "--force" in line or "--json" in line]
+        assert flags and not any("<bool>" in line for line in flags), (command, flags)

@@ -77,12 +77,17 @@ SPLIT = ("--tp", "2", "--pp", "2", "--max-part-size", "1MB")
 
 
 def _kill_half_way(src: Path, out: Path) -> None:
-    """The real CLI in a subprocess, SIGKILLed once a file is journaled: it leaves `.partial` files."""
+    """The real CLI in a subprocess, SIGKILLed once a file is journaled while another is still a
+    `.partial` (with --sync end a unit can be journaled before the next one starts)."""
     cmd = [sys.executable, "-m", "plamo2_tools.cli", "convert", str(src), str(out), *SPLIT, "--json"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 120
     try:
-        while not (out / JOURNAL_NAME).exists() or len((out / JOURNAL_NAME).read_text().splitlines()) < 2:
+        while (
+            not (out / JOURNAL_NAME).exists()
+            or len((out / JOURNAL_NAME).read_text().splitlines()) < 2
+            or not any(out.glob("*.partial"))
+        ):
             assert proc.poll() is None and time.monotonic() < deadline, "convert ended or stalled before the kill"
             time.sleep(0.001)
         proc.send_signal(signal.SIGKILL)

@@ -15,7 +15,6 @@ import pytest
 import safetensors.torch
 from convert_expect import flip_byte, load_hf
 
-from plamo2_tools.convert import engine
 from plamo2_tools.shards.manifest import MANIFEST_NAME
 
 
@@ -199,7 +198,7 @@ def test_different_completed_conversion_needs_force(cli, checkpoint, tmp_path: P
 
 def test_not_enough_disk(cli, checkpoint, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     src, real = checkpoint("tiny", values="watermark"), shutil.disk_usage
-    monkeypatch.setattr(engine.shutil, "disk_usage", lambda p: real(p)._replace(free=1000))
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: real(p)._replace(free=1000))
     _fails(cli, src, tmp_path / "out", code=3, says="not enough disk space")
     _no_manifest(tmp_path / "out")
     assert not list((tmp_path / "out").glob("model-rank-*"))
@@ -281,9 +280,10 @@ def test_damaged_hf_cache_blob_is_refused(cli, checkpoint, tmp_path: Path) -> No
     not hash to its name is a damaged download and gets no manifest."""
     import hashlib
 
-    src = tmp_path / "snapshot"
+    repo = tmp_path / "models--pfnet--plamo-2-1b"  # the cache's layout: snapshots/<rev> -> ../../blobs
+    src = repo / "snapshots" / ("a" * 40)
     shutil.copytree(checkpoint("tiny", values="watermark"), src)
-    blobs = tmp_path / "blobs"
+    blobs = repo / "blobs"
     blobs.mkdir()
     weights = src / "model.safetensors"
     good = hashlib.sha256(weights.read_bytes()).hexdigest()

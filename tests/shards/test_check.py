@@ -33,7 +33,7 @@ def test_good_output_passes(cli, converted: Path) -> None:
     assert "ok" in r.stdout
     report = json.loads(cli("check", converted, "--json").stdout)
     assert report["ok"] is True and set(report["checks"]) == {
-        "config", "files", "headers", "tensors", "replicas", "padding", "coverage"
+        "config", "side_files", "files", "headers", "tensors", "replicas", "padding", "coverage"
     }  # fmt: skip
 
 
@@ -76,7 +76,7 @@ def test_modified_config(cli, converted: Path) -> None:
     config["rope_theta"] = 10000.0  # still a valid config, just not the one converted
     (converted / "config.json").write_text(json.dumps(config))
     failed = _failed(cli, converted)
-    assert set(failed) == {"config"}
+    assert set(failed) == {"config", "side_files"}  # format 3 also records config.json's digest
 
 
 def test_modified_config_that_changes_shapes(cli, converted: Path) -> None:

@@ -22,6 +22,8 @@ from plamo2_tools.errors import CheckpointError
 from plamo2_tools.shards.manifest import JOURNAL_NAME, MANIFEST_NAME, load_manifest
 
 V1 = Path(__file__).parent / "fixtures" / "v1-tiny-edge-tp2pp2"
+V2 = Path(__file__).parent / "fixtures" / "v2-tiny-edge-tp2pp2"  # written by main before format 3
+OLD = {1: V1, 2: V2}
 
 
 def independent_digests(path: Path, version: int, v2_hash=xxhash.xxh3_128) -> tuple[str, dict[str, str]]:
@@ -49,11 +51,11 @@ def _same_files(a: Path, b: Path) -> None:
         assert (a / name).read_bytes() == (b / name).read_bytes(), name
 
 
-@pytest.fixture(params=[1, 2], ids=["v1", "v2"])
+@pytest.fixture(params=[1, 2, 3], ids=["v1", "v2", "v3"])
 def either_version(request: pytest.FixtureRequest, shards, private_copy) -> Path:
     """A private copy of tiny-edge at tp 2 x pp 2 in either format version (same layout: ranks 0/1
     and 2/3 have files of equal size, so a swap keeps every size right)."""
-    out = private_copy(V1 if request.param == 1 else shards("tiny-edge", 2, 2, values="watermark"))
+    out = private_copy(OLD.get(request.param) or shards("tiny-edge", 2, 2, values="watermark"))
     assert json.loads((out / MANIFEST_NAME).read_text())["format_version"] == request.param
     return out
 
@@ -72,7 +74,7 @@ def test_streamed_digests_equal_digests_of_finished_files(cli, checkpoint, tmp_p
     result = json.loads(cli("convert", src, out, "--tp", 2, "--pp", 2, "--max-part-size", "200kB", "--json").stdout)
     assert all(result["copy"]["bytes"][k] > 0 for k in ("copy_file_range", "gather", "compute", "zeros"))
     m = json.loads((out / MANIFEST_NAME).read_text())
-    assert (m["format_version"], m["hash"]) == (2, "xxh3-128")
+    assert (m["format_version"], m["hash"]) == (3, "xxh3-128")
     assert len(m["files"]) > 4
     for name, rec in m["files"].items():
         whole, tensors = independent_digests(out / name, 2)
@@ -174,29 +176,34 @@ def test_version_1_is_read_as_written(tmp_path: Path) -> None:
         assert m.digests_of(V1 / name) == (whole, tensors)
 
 
-def test_version_1_reshards_and_merges(cli, tmp_path: Path) -> None:
-    """A version-1 directory as a source: verified by its SHA-256, recorded by version 2's digest."""
+@pytest.mark.parametrize("version", [1, 2])
+def test_older_versions_reshard_and_merge(cli, tmp_path: Path, version: int) -> None:
+    """An older directory as a source: verified by its own digests, recorded by the current rule
+    (format 3, with its side files' digests)."""
+    old = OLD[version]
     out = tmp_path / "tp1"
-    cli("convert", V1, out, "--tp", 1, "--pp", 1, "--json")
+    cli("convert", old, out, "--tp", 1, "--pp", 1, "--json")
     m = json.loads((out / MANIFEST_NAME).read_text())
-    assert m["format_version"] == 2 and m["source"]["kind"] == "shards"
+    assert m["format_version"] == 3 and m["source"]["kind"] == "shards"
     assert m["source"]["files"] == {
-        name: {"size": (V1 / name).stat().st_size, "digest": independent_digests(V1 / name, 2)[0]}
-        for name in load_manifest(V1).files
+        name: {"size": (old / name).stat().st_size, "digest": independent_digests(old / name, 2)[0]}
+        for name in load_manifest(old).files
     }
+    assert set(m["side_files"]) == {"config.json", "generation_config.json"}
     cli("check", out, "--json")
-    cli("merge", V1, tmp_path / "merged", "--json")
+    cli("merge", old, tmp_path / "merged", "--json")
     damaged = tmp_path / "damaged"
-    shutil.copytree(V1, damaged)
+    shutil.copytree(old, damaged)
     flip_byte(damaged / "model-rank-0-part-0.safetensors", -5)
     r = cli("convert", damaged, tmp_path / "never", "--tp", 1, expect=2)
-    assert "sha256 digest differs from the manifest" in " ".join(r.stderr.split())
+    algorithm = "sha256" if version == 1 else "xxh3-128"
+    assert f"{algorithm} digest differs from the manifest" in " ".join(r.stderr.split())
 
 
 @pytest.mark.parametrize(
     ("edit", "says"),
     [
-        ({"format_version": 3}, "format_version 3 is not supported"),
+        ({"format_version": 4}, "format_version 4 is not supported"),
         ({"hash": "md5"}, "unknown hash algorithm 'md5'"),
     ],
 )
@@ -223,6 +230,8 @@ def test_version_2_with_sha256_named_is_checked_by_it(cli, checkpoint, tmp_path:
         rec["digest"] = whole
         for key, digest in tensors.items():
             m["tensors"][str(rec["rank"])][key]["digest"] = digest
+    for name, rec in m["side_files"].items():
+        rec["digest"] = hashlib.sha256((out / name).read_bytes()).hexdigest()
     (out / MANIFEST_NAME).write_text(json.dumps(m))
     assert load_manifest(out).hash == "sha256"
     assert json.loads(cli("check", out, "--json").stdout)["ok"] is True

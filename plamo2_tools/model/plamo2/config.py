@@ -3,13 +3,13 @@ derived values (Mamba inner width, time-step rank, padded vocab, layer kinds) in
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ...errors import ConfigError
+from ...errors import CheckpointError, ConfigError
+from ...jsonio import CONFIG_BYTES, read_json
 from ..layout import padded_vocab
 
 REQUIRED_KEYS = (
@@ -193,12 +193,12 @@ class Plamo2Config:
         path = Path(path)
         if path.is_dir():
             path = path / "config.json"
+        if not path.exists() and not path.is_symlink():
+            raise ConfigError(f"{path}: not found (is this a PLaMo 2 checkpoint directory?)")
         try:
-            raw = json.loads(path.read_text())
-        except FileNotFoundError:
-            raise ConfigError(f"{path}: not found (is this a PLaMo 2 checkpoint directory?)") from None
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"{path}: not valid JSON ({e})") from None
+            raw = read_json(path, CONFIG_BYTES)
+        except CheckpointError as e:
+            raise ConfigError(str(e)) from None
         if not isinstance(raw, dict):
             raise ConfigError(f"{path}: expected a JSON object")
         return cls.from_dict(raw, str(path))

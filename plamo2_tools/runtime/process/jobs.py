@@ -39,12 +39,7 @@ def run_job(
     """`job(Runtime(**runtime), **args)`: in this process (its ranks as threads, or, when this
     process is itself one torchrun rank, that rank), or on fresh torchrun ranks with `launch`."""
     if launch:
-        manifest = load_manifest(runtime["shards"])
-        world = manifest.mapping.world_size
-        # Checked here, once, so that a bad file is one line from this process before any rank
-        # starts (a rank's own error would reach us only as torchrun's log tail).
-        verify_shard_files(manifest, range(world), digests=runtime.get("verify_files", True))
-        runtime = {**runtime, "verify_files": False}
+        world, runtime = _checked_before_launch(runtime)
         return launch_ranks(job, {"runtime": runtime, **args}, world, extra_env)
     # "auto": ranks as threads, or this process's rank when the caller itself runs under torchrun.
     with Runtime(**runtime, mode="auto") as rt:
@@ -55,10 +50,18 @@ def run_service(job: Callable[..., Any], runtime: dict[str, Any], args: dict[str
                 extra_env: dict[str, str] | None = None) -> int:  # fmt: skip
     """A long-lived job (a server) on fresh torchrun ranks (`launch.launch_service`): the shard
     files checked here first, once, as `run_job` does; the ranks' exit code."""
+    world, runtime = _checked_before_launch(runtime)
+    return launch_service(job, {"runtime": runtime, **args}, world, extra_env)
+
+
+def _checked_before_launch(runtime: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    """Every rank's files checked here, once, so that a bad file is one line from this process
+    before any rank starts (a rank's own error would reach us only as torchrun's log tail); the
+    world size, and the runtime arguments with the ranks' own check turned off."""
     manifest = load_manifest(runtime["shards"])
     world = manifest.mapping.world_size
     verify_shard_files(manifest, range(world), digests=runtime.get("verify_files", True))
-    return launch_service(job, {"runtime": {**runtime, "verify_files": False}, **args}, world, extra_env)
+    return world, {**runtime, "verify_files": False}
 
 
 def main(spec_path: str) -> int:

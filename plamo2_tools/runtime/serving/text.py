@@ -10,12 +10,12 @@ spaces between them, no clean-up.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from ...errors import CheckpointError
+from ...jsonio import read_object
 
 Decode = Callable[[Sequence[int]], str]
 
@@ -31,9 +31,9 @@ def stop_token_ids(model_dir: str | Path, tokenizer: Any) -> tuple[int, ...]:
         path = model_dir / name
         if path.exists():
             try:
-                eos = json.loads(path.read_text()).get("eos_token_id")
+                eos = read_object(path).get("eos_token_id")  # bounded, a JSON object or one line
                 ids += [eos] if isinstance(eos, int) else [int(x) for x in eos or []]
-            except (ValueError, TypeError, AttributeError):
+            except (ValueError, TypeError, AttributeError, OverflowError):
                 raise CheckpointError(f"{path}: eos_token_id must be an integer or a list of integers") from None
             break
     return tuple(dict.fromkeys(ids))
