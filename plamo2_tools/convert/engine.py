@@ -441,7 +441,7 @@ def _convert(
                 input_digests = known_inputs if inputs is None else inputs.result()
                 copied = _copy_side_files(source, out, options.sync)
                 if options.sync == "end":  # reused files too: an interrupted run may not have synced them
-                    # (the side files were fsynced as they were copied, in every mode)
+                    # (the side files were fsynced as they were copied: _copy_side_files)
                     list(pool.map(fsync_path, [out / f.name for f in plan.files]))
             except BaseException:
                 writer.cancel.set()  # also stops a blob's sha256 still running
