@@ -35,6 +35,7 @@ from .inputs import (
     KILL_RESUME,
     KINDS,
     LMEVAL,
+    MUTANTS,
     VERIFY,
     VLLM_COMPAT,
     VLLM_FORWARD,
@@ -56,7 +57,7 @@ SECTIONS: list[tuple[tuple[str, ...], str, Renderer]] = [
     ((BENCH_RUNTIME,), "Runtime throughput", bench_runtime.render),
     ((BENCH_SERVE,), "Server under load", bench_serve.render),
     (
-        (VLLM_COMPAT, VLLM_FORWARD, BENCH_TOKENIZER, KILL_RESUME, BENCH_FUZZ),
+        (VLLM_COMPAT, VLLM_FORWARD, BENCH_TOKENIZER, KILL_RESUME, BENCH_FUZZ, MUTANTS),
         "Compatibility and robustness",
         checks.render,
     ),

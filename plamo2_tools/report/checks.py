@@ -1,14 +1,14 @@
 """Results of the compatibility and robustness scripts: vLLM 0.26's own loaders on our shards
 (bench/vllm_compat.py), the native tokenizer against PLaMo's original (bench/tokenizer.py), and
-convert killed at random points then resumed (bench/kill_resume.py), and the fuzz campaign of hostile
-inputs (bench/fuzz.py)."""
+convert killed at random points then resumed (bench/kill_resume.py), the fuzz campaign of hostile
+inputs (bench/fuzz.py), and the planted bugs the tests must catch (bench/mutants.py)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from .context import Context
-from .inputs import BENCH_FUZZ, BENCH_TOKENIZER, KILL_RESUME, VLLM_COMPAT, VLLM_FORWARD, Doc
+from .inputs import BENCH_FUZZ, BENCH_TOKENIZER, KILL_RESUME, MUTANTS, VLLM_COMPAT, VLLM_FORWARD, Doc
 from .markdown import MISSING, code, num, table
 
 
@@ -19,7 +19,8 @@ def render(docs: list[Doc], ctx: Context) -> list[str]:
                               (BENCH_TOKENIZER, "Native tokenizer vs PLaMo's original", tokenizer_table),
                               (KILL_RESUME, "convert killed and resumed", kill_table),
                               (BENCH_FUZZ, "Fuzzed inputs: exit 0-3 with one line, never 70, never a hang",
-                               fuzz_table)):  # fmt: skip
+                               fuzz_table),
+                              (MUTANTS, "Planted bugs the tests catch", mutants_table)):  # fmt: skip
         chosen = [d for d in docs if d.kind == kind]
         if chosen:
             lines += [f"### {title}", "", *make(chosen), ""]
@@ -89,3 +90,20 @@ def fuzz_table(docs: list[Doc]) -> list[str]:
             outcomes = ", ".join(f"{k}: {v}" for k, v in sorted(t["outcomes"].items()))
             rows.append([code(doc.name), target, str(t["tried"]), outcomes, str(t.get("contract_broken", 0))])
     return table(["File", "target", "inputs", "outcomes", "contract broken"], rows, right=(2, 4))
+
+
+def mutants_table(docs: list[Doc]) -> list[str]:
+    """Per class of planted bug: caught of planted, and the survivors by name (docs/testing.md
+    says why each may survive)."""
+    rows = []
+    for doc in docs:
+        by: dict[str, list[dict[str, Any]]] = {}
+        for m in doc.data["mutants"]:
+            by.setdefault(str(m.get("cls")), []).append(m)
+        for cls, ms in sorted(by.items()):
+            survived = [str(m.get("name")) for m in ms if m.get("verdict") != "caught"]
+            caught = len(ms) - len(survived)
+            rows.append([code(doc.name), cls, f"{caught} / {len(ms)}", ", ".join(survived) or "—"])
+        d = doc.data
+        rows.append([code(doc.name), "**all**", f"**{d['caught']} / {d['total']}**", ""])
+    return table(["File", "class", "caught", "survived"], rows, right=(2,))

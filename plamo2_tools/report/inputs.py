@@ -47,6 +47,7 @@ BENCH_TOKENIZER_KIND = "plamo2-bench-tokenizer"  # bench/tokenizer.py
 KILL_RESUME_KIND = "plamo2-bench-kill-resume"  # bench/kill_resume.py
 BENCH_SERVE_KIND = "plamo2-bench-serve"  # bench/serve.py
 BENCH_FUZZ_KIND = "plamo2-bench-fuzz"  # bench/fuzz.py
+MUTANTS_KIND = "plamo2-mutants"  # bench/mutants.py
 
 # Report sections, in the order the report shows them (the names appear in "Read as" and --json).
 LMEVAL = "lm-eval"
@@ -63,8 +64,9 @@ VLLM_FORWARD = "vllm-forward"
 BENCH_TOKENIZER = "bench-tokenizer"
 KILL_RESUME = "kill-resume"
 BENCH_FUZZ = "bench-fuzz"
+MUTANTS = "mutants"
 KINDS = (LMEVAL, VERIFY, BENCH_CONVERT, BENCH_KERNELS, BENCH_RUNTIME, BENCH_SERVE, VLLM_COMPAT, VLLM_FORWARD,
-         BENCH_TOKENIZER, KILL_RESUME, BENCH_FUZZ, CONVERT, CHECK, INSPECT)  # fmt: skip
+         BENCH_TOKENIZER, KILL_RESUME, BENCH_FUZZ, MUTANTS, CONVERT, CHECK, INSPECT)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -93,6 +95,7 @@ SCHEMAS: dict[str, Schema] = {
     BENCH_TOKENIZER_KIND: Schema(BENCH_TOKENIZER, (1,), {"summary": dict}),
     KILL_RESUME_KIND: Schema(KILL_RESUME, (1,), {"trials": list, "all_identical": bool}),
     BENCH_FUZZ_KIND: Schema(BENCH_FUZZ, (1,), {"targets": dict, "inputs": int, "contract_broken": int}),
+    MUTANTS_KIND: Schema(MUTANTS, (1,), {"mutants": list, "total": int, "caught": int}),
 }
 # lm-eval 0.4's aggregated results file (EvaluationTracker.save_results_aggregated): these keys,
 # each a JSON object, are always there; "configs" tells it from a digest of it.
