@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# GPU call D of session 4 (one H200, <= 6 min), on main with issues 20-24 merged: `plamo2-tools serve` under
+# 1/16/64/256 streaming clients beside in-process Runtime.generate (bench/serve.py), the README's eval command
+# again with the Triton cache warm, under the stack sampler (where the wall goes), and the torch-free convert
+# against cp -r on the 16-core host (bench/convert_device.sh, what its budget allows).
+# Steps that would run past the call's deadline are skipped (walls.txt says so).  Carry .whl (lm-eval and its
+# pure-Python deps for Python 3.12, .whl/gsm8k the data).  Results: $OUT/call.tar.gz.
+set -u
+OUT=${OUT:-/tmp/call}; W=/tmp/w; mkdir -p "$W" "$OUT/r"
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl 2> /dev/null \
+  && export PYTHONPATH=/tmp/site:$PYTHONPATH
+export TRITON_CACHE_DIR=/tmp/tc PLAMO2_CACHE_DIR=/tmp/pc
+P="python3 -m plamo2_tools.cli"
+DEADLINE=$((SECONDS + ${BUDGET:-560}))
+now() { date +%s.%N; }
+step() { local name=$1 limit=$2; shift 2; local t0; t0=$(now)
+  [[ -z "${ONLY:-}" || ",$ONLY," == *",$name,"* ]] || return 0
+  if (( SECONDS + limit > DEADLINE )); then echo "== $name skipped: ${limit} s would pass the deadline" | tee -a "$OUT/r/walls.txt"; return 0; fi
+  timeout "$limit" "$@" > "$OUT/r/$name.log" 2>&1; local rc=$?
+  echo "== $name rc=$rc wall $(python3 -c "print(f'{$(now) - $t0:.2f}')") s" | tee -a "$OUT/r/walls.txt"
+  tail -n "${TAIL:-6}" "$OUT/r/$name.log"; tar czf "$OUT/call.tar.gz" -C "$OUT" r; }
+{
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader; nproc
+step synth-1b 60 $P synth $W/src1b --preset plamo-2-1b --dtype bfloat16 --json
+step convert-1b 30 $P convert $W/src1b $W/1b --json
+rm -rf $W/src1b
+TAIL=16 step serve-1b 150 python3 bench/serve.py $W/1b --device cuda --label plamo-2-1b --clients 1,16,64,256 \
+  --per-client 2 --prompt-tokens 256 --max-tokens 128 --max-seconds 110 --out $OUT/r/bench_serve_1b.json
+TAIL=30 step eval-1b-warm 80 python3 bench/sample_stacks.py --top 60 --out $OUT/r/stacks_eval_1b.json --module -- \
+  plamo2_tools.cli eval $W/1b --tasks gsm8k --num-fewshot 5 --gsm8k-dir .whl/gsm8k --device cuda \
+  --output-path $OUT/r/eval-1b --json
+rm -rf $W/1b
+mkdir -p $OUT/r/convert
+TAIL=12 step convert-bench 140 env OUT=$OUT/r/convert bash bench/convert_device.sh ${CONVERT_BUDGET:-120}
+} 2>&1 | tee "$OUT/r/summary.log"
+tar czf "$OUT/call.tar.gz" -C "$OUT" r
