@@ -116,7 +116,7 @@ def evaluate_model(lm: Any, request: EvalRequest, cache_root: str | Path) -> Eva
         {k: Path(v) for k, v in request.data["files"].items()}, request.data["sha256"], request.data["verified"]
     )
     tracker = EvaluationTracker(output_path=request.output_path)
-    with hf_offline(cache_root), _quiet_git_hash():
+    with hf_offline(cache_root), _quiet_git_hash(), _compiled_templates():
         results = lm_eval.simple_evaluate(
             model=lm,
             model_args=request.model_args(),
@@ -141,6 +141,29 @@ def evaluate_model(lm: Any, request: EvalRequest, cache_root: str | Path) -> Eva
     header = (f"plamo2 ({request.model_args()}), gen_kwargs: (None), limit: {request.limit}, "
               f"num_fewshot: {request.num_fewshot}, batch_size: {request.batch_size}")  # fmt: skip
     return EvalOutcome(results, samples, files, header, make_table(results))
+
+
+@contextmanager
+def _compiled_templates() -> Iterator[None]:
+    """lm-eval 0.4.13's `utils.apply_template` compiles its Jinja template again for every call:
+    6 per GSM8K document (5 shots + the question), ~4.6 s of a full 5-shot run on the H200 host's
+    CPU (reports/e2e/session4/callD/stacks_eval_1b.txt).  The same function with each template
+    string compiled once; the rendered text is the same (a compiled template holds no state)."""
+    import functools
+
+    import lm_eval.utils
+
+    saved = lm_eval.utils.apply_template
+    compiled = functools.lru_cache(maxsize=256)(lm_eval.utils.env.from_string)
+
+    def apply_template(template: str, doc: dict) -> str:
+        return compiled(template).render(**doc)
+
+    lm_eval.utils.apply_template = apply_template
+    try:
+        yield
+    finally:
+        lm_eval.utils.apply_template = saved
 
 
 @contextmanager

@@ -54,15 +54,19 @@ def test_stop_strings_cut_at_the_earliest_and_are_excluded(make_lm, spy) -> None
     assert all(len(tokens) < 24 for call in spy.calls for tokens in call[3])  # generation really stopped
 
 
-def test_eos_id_from_generation_config_stops_and_is_not_shown(make_lm, shard_dirs, tmp_path: Path) -> None:
+def test_eos_id_from_generation_config_stops_and_is_not_shown(make_lm, shard_dirs, cli, checkpoint,
+                                                             tmp_path: Path) -> None:  # fmt: skip
     base = Runtime(shard_dirs["tp1pp1"], mode="local")
     tokens = base.generate([make_lm().tok_encode(PROMPT)], 24).tokens[0]
     k = next(i for i in range(2, len(tokens)) if tokens[i] not in tokens[:i])  # first occurrence at k >= 2
     eos = tokens[k]
-    shards = tmp_path / "shards"
-    shutil.copytree(shard_dirs["tp1pp1"], shards)
-    config = json.loads((shards / "generation_config.json").read_text())
-    (shards / "generation_config.json").write_text(json.dumps({**config, "eos_token_id": [2, eos]}))
+    # The EOS goes into the HF checkpoint's generation_config.json before converting: an edited
+    # side file in a shard directory is refused (it is under the manifest's digests).
+    src, shards = tmp_path / "ckpt", tmp_path / "shards"
+    shutil.copytree(checkpoint("tiny", seed=5), src)
+    config = json.loads((src / "generation_config.json").read_text())
+    (src / "generation_config.json").write_text(json.dumps({**config, "eos_token_id": [2, eos]}))
+    cli("convert", src, shards, "--tp", 1, "--pp", 1, "--json")
     spy = SpyRuntime(Runtime(shards, mode="local"))
     lm = make_lm(runtime=spy)
     assert lm.stop_ids == (2, eos)  # the tokenizer's EOS first, then generation_config's

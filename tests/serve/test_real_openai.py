@@ -262,16 +262,20 @@ CHAT_TEMPLATE = (
 )
 
 
-def test_chat_with_a_template_in_the_checkpoint(shard_dir, oracle: Oracle, tmp_path_factory) -> None:  # type: ignore[no-untyped-def]
+def test_chat_with_a_template_in_the_checkpoint(cli, checkpoint, oracle: Oracle, tmp_path_factory) -> None:  # type: ignore[no-untyped-def]
     """A checkpoint whose tokenizer_config.json carries a chat template serves /v1/chat/completions:
-    the answer is the completion of the rendered conversation (tokenized without a second BOS)."""
+    the answer is the completion of the rendered conversation (tokenized without a second BOS).
+    The template goes into the HF checkpoint before converting (a side file edited in a shard
+    directory is refused: it is under the manifest's digests)."""
     import shutil
 
-    copy = tmp_path_factory.mktemp("chat") / "shards"
-    shutil.copytree(shard_dir, copy)
-    config = json.loads((copy / "tokenizer_config.json").read_text())
-    (copy / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": CHAT_TEMPLATE}))
-    s = CliServer(copy, "--max-batch", "4", "--max-context", "256")
+    root = tmp_path_factory.mktemp("chat")
+    src = root / "ckpt"
+    shutil.copytree(checkpoint("tiny", seed=5), src)
+    config = json.loads((src / "tokenizer_config.json").read_text())
+    (src / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": CHAT_TEMPLATE}))
+    cli("convert", src, root / "shards", "--tp", 1, "--pp", 1, "--json")
+    s = CliServer(root / "shards", "--max-batch", "4", "--max-context", "256")
     try:
         assert "chat on" in s.output
         messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello?"}]
