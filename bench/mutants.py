@@ -672,8 +672,9 @@ mutant(
     "errors-memoryerror-bug",
     "errors",
     CLI_ERR,
-    '        except MemoryError:\n            error_line("out of memory")\n            raise typer.Exit(3) from None',
-    "        except MemoryError:\n            _bug(fn.__name__)",
+    "        except MemoryError as e:\n            error_line(out_of_memory_line(e))\n"
+    "            raise typer.Exit(3) from None",
+    "        except MemoryError as e:\n            _bug(fn.__name__)",
     T_ERRORS,
     "host OOM reported as a bug",
 )
@@ -681,8 +682,8 @@ mutant(
     "errors-torch-oom-bug",
     "errors",
     CLI_ERR,
-    'if type(e).__name__ == "OutOfMemoryError":',
-    'if type(e).__name__ == "OutOfMemory":',
+    "            if is_out_of_memory(e):",
+    "            if isinstance(e, MemoryError):",
     T_ERRORS,
     "CUDA OOM reported as a bug (exit 70)",
 )
@@ -744,9 +745,9 @@ mutant(
 mutant(
     "engine-side-file-no-fsync",
     "durability",
-    ENGINE,
-    "            fsync_path(tmp)\n",
-    "",
+    "plamo2_tools/safe_files.py",
+    "            if durable:\n                os.fsync(fd_out)",
+    "            pass",
     T_DURABLE,
     "config.json renamed into place before its bytes are on disk",
 )
