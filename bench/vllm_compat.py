@@ -54,7 +54,7 @@ PRESETS = PLAMO2_PRESETS + PLAMO3_PRESETS
 # --presets also takes these names for a whole family; the default is PLaMo 2's list, as before PLaMo 3 existed.
 PRESET_GROUPS = {"plamo2": PLAMO2_PRESETS, "plamo3": PLAMO3_PRESETS, "all": PRESETS}
 TPS = (1, 2, 4, 8)
-STATUSES = ("pass", "pass-vllm-hf-bug", "pass-cuda-rounding", "fail", "skipped")
+STATUSES = ("pass", "pass-vllm-hf-bug", "pass-cuda-rounding", "pass-exp-rounding", "fail", "skipped")
 # What vLLM's Attention registers per attention layer for an unquantized model (set_default_quant_scales in
 # vllm/model_executor/layers/attention/attention.py): persistent 0-dim fp32 buffers holding 1.0.
 ATTN_SCALES = ("_k_scale", "_v_scale", "_q_scale", "_prob_scale")
@@ -709,15 +709,17 @@ def _judge(ranks: list[dict[str, Any]]) -> dict[str, Any]:
     """pass: our shards equal vLLM's HF-loaded state and load with sharded_state on every rank;
     pass-vllm-hf-bug: the same, against the fixed-input reference, and vLLM's own HF loader is wrong here."""
     problems = []
+    exp_rounding: list[dict[str, Any]] = []
     for r in ranks:
         if "error" in r:
             problems.append(f"rank {r['rank']}: {r['error']}")
             continue
         if not r["sharded_load"]["ok"]:
             problems.append(f"rank {r['rank']}: sharded_state load: {r['sharded_load']['error'][:300]}")
-        n = len(r["file_mismatches"]) + len(r.get("sharded_state_mismatches", []))
-        if n:
-            keys = sorted({m["key"] for m in r["file_mismatches"] + r.get("sharded_state_mismatches", [])})
+        mismatches = [m for m in r["file_mismatches"] + r.get("sharded_state_mismatches", []) if not _exp_rounding(m)]
+        exp_rounding += [m for m in r["file_mismatches"] if _exp_rounding(m)]
+        if mismatches:
+            keys = sorted({m["key"] for m in mismatches})
             more = ", ..." if len(keys) > 3 else ""
             problems.append(f"rank {r['rank']}: {len(keys)} keys differ ({', '.join(keys[:3])}{more})")
     # vLLM's own HF-loader bugs, by the fix that avoids them: the evidence is vLLM's outcome without that fix (or,
@@ -735,12 +737,25 @@ def _judge(ranks: list[dict[str, Any]]) -> dict[str, Any]:
             problems.append(f"rank {r['rank']}: vLLM's HF loader failed, no known vLLM bug: {r['hf_load']['error']}")
     status = "fail" if problems else ("pass-vllm-hf-bug" if bugs else "pass")
     out: dict[str, Any] = {"status": status, "problems": problems, "vllm_hf_loader_bugs": bugs}
+    if exp_rounding and not problems:
+        # PLaMo 2's A = -exp(A_log): vLLM's loader takes torch's float32 exp (not correctly rounded: 1 ulp off on
+        # ~1% of inputs, and CUDA's differs from the CPU's), our converter a correctly rounded one (docs/convert.md).
+        out["exp_rounding_only"] = {"keys": len({m["key"] for m in exp_rounding}),
+                                    "elements": sum(m["elements"] for m in exp_rounding),
+                                    "max_ulps": max(m["max_ulps"] for m in exp_rounding)}  # fmt: skip
+        if status == "pass":
+            out["status"] = "pass-exp-rounding"
     rounding = _offset_rounding_summary(ranks)
     if rounding is not None:
         out["offset_rounding_only"] = rounding
         # Every difference is vLLM-on-CPU's extra rounding of the offset; our bytes are what vLLM holds on CUDA.
         out["status"] = "pass-cuda-rounding"
     return out
+
+
+def _exp_rounding(m: dict[str, Any]) -> bool:
+    """A value difference of PLaMo 2's `A` (exp-made) of at most one unit in the last place."""
+    return m.get("what") == "value" and m["key"].endswith(".mixer.A") and m.get("max_ulps", 2) <= 1
 
 
 def _offset_rounding_summary(ranks: list[dict[str, Any]]) -> dict[str, Any] | None:

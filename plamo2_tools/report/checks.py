@@ -35,11 +35,12 @@ def vllm_table(docs: list[Doc]) -> list[str]:
         opts = d.get("options") or {}
         rows.append([code(doc.name), num(d.get("vllm_version")), num(opts.get("dtype")), num(opts.get("presets")),
                      num(opts.get("tp")), str(s.get("pass", 0) + s.get("pass-vllm-hf-bug", 0)),
-                     str(s.get("pass-vllm-hf-bug", 0)), str(s.get("pass-cuda-rounding", 0)), str(s.get("fail", 0)),
-                     str(s.get("skipped", 0))])  # fmt: skip
+                     str(s.get("pass-vllm-hf-bug", 0)), str(s.get("pass-cuda-rounding", 0)),
+                     str(s.get("pass-exp-rounding", 0)), str(s.get("fail", 0)), str(s.get("skipped", 0))])  # fmt: skip
     headers = ["File", "vLLM", "dtype", "presets", "TP", "bit-identical", "of which vLLM's HF loader fails",
-               "equal to vLLM on CUDA (CPU rounds norm offsets twice)", "fail", "not valid splits"]  # fmt: skip
-    return table(headers, rows, right=(5, 6, 7, 8, 9))
+               "equal to vLLM on CUDA (CPU rounds norm offsets twice)",
+               "A within 1 ulp (exp: ours correctly rounded, torch's not)", "fail", "not valid splits"]  # fmt: skip
+    return table(headers, rows, right=(5, 6, 7, 8, 9, 10))
 
 
 def forward_table(docs: list[Doc]) -> list[str]:

@@ -48,7 +48,10 @@ def test_vllm_sharded_state_loads_our_shards_bit_for_bit(tmp_path: Path) -> None
     assert result["kind"] == "plamo2-vllm-compat" and result["vllm_version"] == VLLM_VERSION
     ran = [c for c in result["cases"] if c["status"] != "skipped"]
     assert [(c["preset"], c["tp"]) for c in ran] == [("tiny", 2), ("tiny-gqa", 2)], proc.stdout
-    failed = [c for c in ran if c["status"] not in ("pass", "pass-vllm-hf-bug")]
+    # pass-exp-rounding: every difference is PLaMo 2's A = -exp(A_log) within one ulp (torch's exp, which vLLM's
+    # loader uses, is not correctly rounded; the converter's is): bench/vllm_compat.py:_exp_rounding.
+    failed = [c for c in ran if c["status"] not in ("pass", "pass-vllm-hf-bug", "pass-exp-rounding")]
+    assert all(c["exp_rounding_only"]["max_ulps"] <= 1 for c in ran if "exp_rounding_only" in c)
     assert not failed, proc.stdout + "\n" + json.dumps([c.get("problems") for c in failed], indent=1)[:4000]
     assert proc.returncode == 0, proc.stdout
     # What vLLM's state holds beyond the parameters: exactly the four attention scales, fp32 0-dim 1.0.
