@@ -26,7 +26,7 @@ from typing import Any
 import safetensors
 import torch
 
-from ..dtypes import DType, as_dtype
+from ..dtypes import BFLOAT16, FLOAT16, FLOAT32, FLOAT64, DType, as_dtype
 from ..errors import CheckpointError, UserError
 from ..model import family_of
 from ..model.layout import CONSTANT, OutputTensor, Piece, apply_transforms, rank_tensors
@@ -34,8 +34,8 @@ from .manifest import Manifest, config_sha256, load_manifest
 
 SOURCE_CHECK_KIND = "plamo2-check-source"
 SOURCE_CHECK_SCHEMA_VERSION = 1
-# safetensors' dtype names (the file format's own, not ours) -> torch.
-_ST_DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32, "F64": torch.float64}
+# The float dtypes a PLaMo checkpoint's tensors may have, by safetensors header code.
+_SOURCE_DTYPES = {d.code: d for d in (FLOAT64, FLOAT32, FLOAT16, BFLOAT16)}
 
 
 @dataclass
@@ -87,9 +87,9 @@ class _Source:
         out = {}
         for name, path in self.where.items():
             code = self._open[path].get_slice(name).get_dtype()
-            if code not in _ST_DTYPES:
+            if code not in _SOURCE_DTYPES:
                 raise CheckpointError(f"{path}: {name} has dtype {code}, not a float dtype a PLaMo checkpoint uses")
-            out[name] = as_dtype(_ST_DTYPES[code])
+            out[name] = _SOURCE_DTYPES[code]
         return out
 
     def shape(self, name: str) -> tuple[int, ...]:
