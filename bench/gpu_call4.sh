@@ -5,21 +5,7 @@
 # convert, decode 1/64/256 and prefill 8k through Runtime.generate.
 # Steps that would run past the call's deadline are skipped (walls.txt says so).  Carry .whl (lm-eval and its
 # pure-Python deps for Python 3.12, .whl/gsm8k the data).  Results: $OUT/call.tar.gz.
-set -u
-OUT=${OUT:-/tmp/call}; W=/tmp/w; mkdir -p "$W" "$OUT/r"
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl 2> /dev/null \
-  && export PYTHONPATH=/tmp/site:$PYTHONPATH
-export TRITON_CACHE_DIR=/tmp/tc PLAMO2_CACHE_DIR=/tmp/pc
-P="python3 -m plamo2_tools.cli"
-DEADLINE=$((SECONDS + ${BUDGET:-560}))
-now() { date +%s.%N; }
-step() { local name=$1 limit=$2; shift 2; local t0; t0=$(now)
-  [[ -z "${ONLY:-}" || ",$ONLY," == *",$name,"* ]] || return 0
-  if (( SECONDS + limit > DEADLINE )); then echo "== $name skipped: ${limit} s would pass the deadline" | tee -a "$OUT/r/walls.txt"; return 0; fi
-  timeout "$limit" "$@" > "$OUT/r/$name.log" 2>&1; local rc=$?
-  echo "== $name rc=$rc wall $(python3 -c "print(f'{$(now) - $t0:.2f}')") s" | tee -a "$OUT/r/walls.txt"
-  tail -n "${TAIL:-6}" "$OUT/r/$name.log"; tar czf "$OUT/call.tar.gz" -C "$OUT" r; }
+. bench/gpu_steps.sh  # $OUT, $W, $P, step (run from the repo root)
 {
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader; nproc
 python3 -c 'import torch, triton, lm_eval; print("torch", torch.__version__, "triton", triton.__version__)'
