@@ -9,7 +9,7 @@ import typer
 
 from ..errors import UserError
 from .console import err, out, print_json
-from .options import Backend, Device, Json, NoVerify, TrustRemoteCode, WindowConvention
+from .options import Backend, Device, Json, Launch, NoVerify, TrustRemoteCode, WindowConvention
 from .validators import (
     check_eval_numbers,
     check_output_dir,
@@ -30,7 +30,7 @@ def eval_shards(
     ] = "auto",
     gsm8k_dir: Annotated[Path | None, typer.Option(help="Holds train/test.jsonl (default: $PLAMO2_GSM8K_DIR).")] = None,
     output_path: Annotated[Path | None, typer.Option(help="Write results and samples under DIR/<shards>/.")] = None,
-    launch: Annotated[bool, typer.Option(help="Ranks as torchrun processes, not threads.")] = False,
+    launch: Launch = False,
     device: Device = "cpu",
     backend: Backend = "auto",
     max_gen_toks: Annotated[int, typer.Option(help="Most new tokens per answer when the task sets none.")] = 256,

@@ -32,6 +32,12 @@ CudaGraph = Annotated[
     bool, typer.Option("--cuda-graph/--no-cuda-graph", help="CUDA: replay decode steps from CUDA graphs.")
 ]
 MaxPartSize = Annotated[str, typer.Option(help="Largest file written, e.g. 5GiB, 500MB.")]
+Launch = Annotated[
+    bool,
+    typer.Option(
+        help="Run the ranks as real torchrun processes (gloo on CPU, NCCL on GPU), not as threads of this process."
+    ),
+]
 WindowConvention = Annotated[
     str | None,
     typer.Option(

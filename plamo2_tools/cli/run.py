@@ -15,7 +15,7 @@ from rich.table import Table
 
 from ..errors import CheckFailed, UserError
 from .console import RequestProgress, err, out, print_json, step_progress
-from .options import Backend, CudaGraph, Device, Json, NoVerify, TrustRemoteCode, WindowConvention
+from .options import Backend, CudaGraph, Device, Json, Launch, NoVerify, TrustRemoteCode, WindowConvention
 from .validators import (
     check_output_file,
     check_runtime_options,
@@ -103,7 +103,7 @@ def demo(
     workdir: Annotated[Path, typer.Option(help="Where the checkpoint and shards go.")] = Path("runs/demo"),
     preset: Annotated[str, typer.Option(help="Synthetic model preset (tiny, tiny-gqa, plamo-2-1b, ...).")] = "tiny",
     layouts: Annotated[str, typer.Option(help="TPxPP layouts, comma-separated.")] = "1x1,2x1,2x2",
-    launch: Annotated[bool, typer.Option(help="Run the runtime as real torchrun ranks (gloo on CPU).")] = False,
+    launch: Launch = False,
     as_json: Json = False,
 ) -> None:
     """The main job on an embedded default: synthesise a checkpoint, convert it to several TP x PP
@@ -134,9 +134,7 @@ def verify(
     random: Annotated[int, typer.Option(help="Without --prompts: this many random token prompts (8-64 tokens).")] = 4,
     seed: Annotated[int, typer.Option(help="Seed of the random prompts.")] = 0,
     max_new_tokens: Annotated[int, typer.Option(help="Greedy tokens compared after each prompt.")] = 32,
-    launch: Annotated[
-        bool, typer.Option(help="Run the runtime as real torchrun ranks (gloo on CPU, NCCL on GPU).")
-    ] = False,
+    launch: Launch = False,
     device: Device = "cpu",
     backend: Backend = "auto",
     precision: Annotated[str, typer.Option(help="Reference forward precision: float64 or float32.")] = "float64",

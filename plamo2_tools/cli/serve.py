@@ -12,7 +12,7 @@ import typer
 
 from ..errors import EnvironmentLimitError, UserError
 from ..serve import API_KEY_ENV  # the package's __init__ imports nothing heavy
-from .options import Backend, CudaGraph, Device, NoVerify, TrustRemoteCode, WindowConvention
+from .options import Backend, CudaGraph, Device, Launch, NoVerify, TrustRemoteCode, WindowConvention
 from .validators import check_runtime_options, forward_options, parse_batch_size
 
 DEFAULT_HOST = "127.0.0.1"
@@ -46,9 +46,7 @@ def serve(
         float, typer.Option(help="On SIGTERM/SIGINT: seconds running requests may finish before they are cancelled.")
     ] = 30.0,
     sync_every: Annotated[int, typer.Option(help="Decode steps between two looks at the tokens.")] = 8,
-    launch: Annotated[
-        bool, typer.Option(help="Run the ranks as real torchrun processes (rank 0 serves HTTP, the others follow).")
-    ] = False,
+    launch: Launch = False,
     device: Device = "cpu",
     backend: Backend = "auto",
     trust_remote_code: TrustRemoteCode = False,
