@@ -19,12 +19,13 @@ import contextlib
 import logging
 import signal
 import socket
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
 import uvicorn
+
+from .signals import stop_signals_handled
 
 log = logging.getLogger(__name__)
 DEFAULT_HOST = "127.0.0.1"  # local only unless asked: the API has no key by default
@@ -55,17 +56,8 @@ class _GracefulServer(uvicorn.Server):
     def _state(self) -> Any:
         return getattr(getattr(self.app, "state", None), "serve", None)
 
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        if threading.current_thread() is not threading.main_thread():
-            yield  # signals reach only the main thread (tests run servers in threads)
-            return
-        previous = {s: signal.signal(s, self.on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-        try:
-            yield
-        finally:
-            for s, handler in previous.items():
-                signal.signal(s, handler)
+    def capture_signals(self) -> contextlib.AbstractContextManager[None]:
+        return stop_signals_handled(self.on_signal)
 
     def on_signal(self, sig: int, frame: FrameType | None) -> None:
         if self.should_exit and sig == signal.SIGINT:

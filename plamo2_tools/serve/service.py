@@ -15,15 +15,13 @@ import os
 import signal
 import socket
 import sys
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 from ..errors import Plamo2Error, UserError
 from ..runtime.serving.engine import Runtime
 from . import API_KEY_ENV
 from .runtime_engine import LoopOptions, RuntimeEngine
+from .signals import stop_signals_handled
 
 # The HTTP thread (asyncio) and the generation loop's thread share the GIL, which Python hands over
 # every 5 ms by default: a busy HTTP thread can delay the loop's next decode launch by that much,
@@ -100,22 +98,9 @@ def switch_interval() -> float | None:
 def follow(rt: Runtime, options: LoopOptions) -> None:
     """A torchrun rank other than 0: run the online loop until rank 0 closes it."""
     loop = options.build(rt)
-    with _signals_ignored():
+    with stop_signals_handled(signal.SIG_IGN):
         loop.start()
         loop.join()
-
-
-@contextmanager
-def _signals_ignored() -> Iterator[None]:
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
 
 
 def _url(address: Any) -> str:
