@@ -7,15 +7,23 @@ functions, so a slicing bug there cannot hide behind the same bug here.
 
 from __future__ import annotations
 
+import json
 import math
+import shutil
+import signal
+import subprocess
+import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 import safetensors
 import torch
 
 from plamo2_tools.model import hf_tensor_shapes
 from plamo2_tools.model.plamo2.config import Plamo2Config
+from plamo2_tools.shards.manifest import JOURNAL_NAME, MANIFEST_NAME
 
 # docs/model.md §3.1, as literals (not plamo2_tools.model.plamo2.config.NORM_OFFSETS).
 LAYER_NORM_OFFSETS = {
@@ -226,3 +234,50 @@ def flip_byte(path: Path, offset: int) -> None:
         byte = f.read(1)
         f.seek(pos)
         f.write(bytes([byte[0] ^ 0xFF]))
+
+
+# ---- a real convert, SIGKILLed half way ---------------------------------------------------------
+def journaled(out: Path) -> list[str]:
+    """The files a (killed) convert's journal lists as finished."""
+    try:
+        lines = (out / JOURNAL_NAME).read_text().splitlines()[1:]
+    except (FileNotFoundError, IndexError):
+        return []
+    return [json.loads(line)["file"] for line in lines if line.endswith("}")]
+
+
+def kill_convert_half_way(src: Path, out: Path, options: tuple[str, ...], files: int = 1,
+                          timeout: float = 120.0) -> list[str]:  # fmt: skip
+    """Run the real CLI's convert in a subprocess and SIGKILL it once `files` finished files are
+    journaled and the next ones are being written (a `.partial` exists: with `--sync end` a file is
+    journaled so soon after its unit ends that the next unit may not have begun yet).  The
+    `.partial` seen can still be renamed into place before the signal lands (a loaded machine):
+    then the whole run is tried again in a fresh directory, so every caller gets a kill that left
+    unfinished files behind.  Returns the journaled files."""
+    for _ in range(5):
+        finished = _kill_once(src, out, options, files, timeout)
+        if any(out.glob("*.partial")):
+            return finished
+        shutil.rmtree(out)
+    pytest.fail("five kills in a row landed between two files: none left a .partial")
+
+
+def _kill_once(src: Path, out: Path, options: tuple[str, ...], files: int, timeout: float) -> list[str]:
+    cmd = [sys.executable, "-m", "plamo2_tools.cli", "convert", str(src), str(out), *options, "--json"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + timeout
+    try:
+        while len(journaled(out)) < files or not any(out.glob("*.partial")):
+            if proc.poll() is not None:
+                pytest.fail(f"convert ended (rc {proc.returncode}) before it could be killed: {proc.stderr.read()!r}")
+            if time.monotonic() > deadline:
+                pytest.fail("convert made no progress")
+            time.sleep(0.001)
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stderr.close()
+    assert proc.returncode == -signal.SIGKILL
+    assert not (out / MANIFEST_NAME).exists(), "the run finished before the kill: use a bigger checkpoint"
+    return journaled(out)

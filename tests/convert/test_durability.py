@@ -11,17 +11,12 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
+from convert_expect import kill_convert_half_way
 
 from plamo2_tools.outputs import RECORD_NAME
-from plamo2_tools.shards.journal import JOURNAL_NAME
 from plamo2_tools.shards.manifest import MANIFEST_NAME
 
 
@@ -77,43 +72,11 @@ def test_merge_fsyncs_every_file_before_its_record(cli, calls, shards, tmp_path:
 SPLIT = ("--tp", "2", "--pp", "2", "--max-part-size", "1MB")
 
 
-def _kill_half_way(src: Path, out: Path) -> None:
-    """`_kill_once` until the kill leaves a `.partial` (a `.partial` seen can be renamed into place
-    before the signal lands on a loaded machine): every caller gets unfinished files to take."""
-    for _ in range(5):
-        _kill_once(src, out)
-        if any(out.glob("*.partial")):
-            return
-        shutil.rmtree(out)
-    pytest.fail("five kills in a row landed between two files: none left a .partial")
-
-
-def _kill_once(src: Path, out: Path) -> None:
-    """The real CLI in a subprocess, SIGKILLed once a file is journaled while another is still a
-    `.partial` (with --sync end a unit can be journaled before the next one starts)."""
-    cmd = [sys.executable, "-m", "plamo2_tools.cli", "convert", str(src), str(out), *SPLIT, "--json"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 120
-    try:
-        while (
-            not (out / JOURNAL_NAME).exists()
-            or len((out / JOURNAL_NAME).read_text().splitlines()) < 2
-            or not any(out.glob("*.partial"))
-        ):
-            assert proc.poll() is None and time.monotonic() < deadline, "convert ended or stalled before the kill"
-            time.sleep(0.001)
-        proc.send_signal(signal.SIGKILL)
-    finally:
-        proc.kill()
-        proc.wait()
-    assert not (out / MANIFEST_NAME).exists(), "the run finished before the kill"
-
-
 @pytest.mark.parametrize("options", [SPLIT, ("--tp", "4")], ids=["same-options", "other-options"])
 def test_a_rerun_after_a_kill_takes_its_own_partial_files(cli, medium_checkpoint: Path, tmp_path: Path,
                                                           options: tuple[str, ...]) -> None:  # fmt: skip
     out = tmp_path / "out"
-    _kill_half_way(medium_checkpoint, out)
+    kill_convert_half_way(medium_checkpoint, out, SPLIT)
     assert list(out.glob("*.partial")), "the kill should leave unfinished files behind"
     result = json.loads(cli("convert", medium_checkpoint, out, *options, "--json").stdout)
     assert result["status"] == ("resumed" if options == SPLIT else "converted")

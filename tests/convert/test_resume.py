@@ -5,18 +5,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
-from convert_expect import flip_byte
+from convert_expect import flip_byte, journaled, kill_convert_half_way
 
 from plamo2_tools.convert import engine
-from plamo2_tools.shards.manifest import JOURNAL_NAME, MANIFEST_NAME
+from plamo2_tools.shards.manifest import MANIFEST_NAME
 
 SPLIT = ("--tp", "2", "--pp", "2", "--max-part-size", "1MB")
 
@@ -26,50 +21,6 @@ def reference(cli, medium_checkpoint: Path, tmp_path_factory: pytest.TempPathFac
     out = tmp_path_factory.mktemp("reference") / "out"
     cli("convert", medium_checkpoint, out, *SPLIT, "--json")
     return out
-
-
-def _journaled(out: Path) -> list[str]:
-    try:
-        lines = (out / JOURNAL_NAME).read_text().splitlines()[1:]
-    except (FileNotFoundError, IndexError):
-        return []
-    return [json.loads(line)["file"] for line in lines if line.endswith("}")]
-
-
-def _kill_after_first_files(src: Path, out: Path, files: int = 2, timeout: float = 60.0) -> list[str]:
-    """Start the real CLI in a subprocess and SIGKILL it once `files` finished files are journaled
-    and the next files are being written (a `.partial` exists: with `--sync end` a file is
-    journaled so soon after its unit ends that the next unit may not have begun yet).  The
-    `.partial` seen can still be renamed into place before the signal lands (a loaded machine):
-    then the whole run is tried again in a fresh directory, so every caller gets a kill that
-    left unfinished files behind."""
-    for _ in range(5):
-        finished = _kill_once(src, out, files, timeout)
-        if any(out.glob("*.partial")):
-            return finished
-        shutil.rmtree(out)
-    pytest.fail("five kills in a row landed between two files: none left a .partial")
-
-
-def _kill_once(src: Path, out: Path, files: int, timeout: float) -> list[str]:
-    cmd = [sys.executable, "-m", "plamo2_tools.cli", "convert", str(src), str(out), *SPLIT, "--json"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + timeout
-    try:
-        while len(_journaled(out)) < files or not any(out.glob("*.partial")):
-            if proc.poll() is not None:
-                pytest.fail(f"convert ended (rc {proc.returncode}) before it could be killed: {proc.stderr.read()!r}")
-            if time.monotonic() > deadline:
-                pytest.fail("convert made no progress")
-            time.sleep(0.001)
-        proc.send_signal(signal.SIGKILL)
-    finally:
-        proc.kill()
-        proc.wait()
-        proc.stderr.close()
-    assert proc.returncode == -signal.SIGKILL
-    assert not (out / MANIFEST_NAME).exists(), "the run finished before the kill: use a bigger checkpoint"
-    return _journaled(out)
 
 
 def _same_output(out: Path, reference: Path) -> None:
@@ -82,7 +33,7 @@ def _same_output(out: Path, reference: Path) -> None:
 @pytest.mark.parametrize("tamper", [False, True], ids=["clean", "tampered"])
 def test_resume_after_sigkill(cli, medium_checkpoint: Path, reference: Path, tmp_path: Path, tamper: bool) -> None:
     out = tmp_path / "out"
-    finished = _kill_after_first_files(medium_checkpoint, out)
+    finished = kill_convert_half_way(medium_checkpoint, out, SPLIT, files=2, timeout=60.0)
     planned = json.loads((reference / MANIFEST_NAME).read_text())["files"]
     present = {p.name for p in out.glob("*.safetensors")}
     assert finished and set(finished) <= present and present < set(planned)  # really half way
@@ -108,7 +59,7 @@ def test_interrupt_in_process_then_resume(cli, medium_checkpoint: Path, referenc
     r = cli("convert", medium_checkpoint, out, *SPLIT, expect=130)
     assert "run the same convert again to resume" in r.stderr.splitlines()[-1]
     assert not (out / MANIFEST_NAME).exists() and not list(out.glob("*.partial"))
-    kept = _journaled(out)
+    kept = journaled(out)
     assert len(kept) >= 2
     restore()
     result = json.loads(cli("convert", medium_checkpoint, out, *SPLIT, "--json").stdout)
