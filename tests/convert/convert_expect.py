@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shutil
 import signal
 import subprocess
@@ -168,7 +169,7 @@ def expected_rank(
             out[m + "conv1d.weight"] = cast(mine(hf[m + "conv1d.weight"]))
             out[m + "bcdt_proj.weight"] = cast(mine(hf[m + "bcdt_proj.weight"], 1))
             out[m + "dt_proj.weight"] = cast(mine(hf[m + "dt_proj.weight"]))
-            out[m + "A"] = mine(-torch.exp(hf[m + "A_log"].float()))  # always float32
+            out[m + "A"] = mine(neg_exp_float32(hf[m + "A_log"]))  # always float32
             out[m + "D"] = cast(mine(hf[m + "D"]))
             out[m + "dt_bias"] = cast(mine(hf[m + "dt_bias"]))
             for n in ("dt", "B", "C"):
@@ -196,13 +197,36 @@ def expected_rank(
     return out
 
 
+def neg_exp_float32(a_log: torch.Tensor) -> torch.Tensor:
+    """A = -exp(A_log) in float32, element by element with Python's float (double) exp, rounded once.
+
+    Not torch.exp: torch's float32 exp is not correctly rounded (one ulp off on ~1 % of inputs) and
+    which inputs depends on the CPU's SIMD width, so an oracle built on it passes on one machine and
+    fails on the next.  The double exp rounded to float32 is the correctly rounded value (but for
+    ties closer than 2**-29 relative, far rarer than any test's elements); `assert_same_tensors`
+    still allows exp-made tensors one ulp (docs/convert.md §the exp rule)."""
+    values = [-math.exp(v) for v in a_log.double().reshape(-1).tolist()]
+    return torch.tensor(values, dtype=torch.float64).to(torch.float32).reshape(a_log.shape)
+
+
+# The documented rounding rule (docs/convert.md): tensors made by exp (PLaMo 2's A = -exp(A_log))
+# within one float32 ulp, every other tensor bit for bit.
+EXP_MADE = re.compile(r"(^|\.)mixer\.A$")
+
+
+def ulp_distance(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Distance in float32 steps between same-sign float32 values (0 where bitwise equal)."""
+    return (a.contiguous().view(torch.int32).long() - b.contiguous().view(torch.int32).long()).abs()
+
+
 def assert_same_tensors(
     got: dict[str, torch.Tensor],
     want: dict[str, torch.Tensor],
     where: str,
     decode: Callable[[float], str] | None = None,
 ) -> None:
-    """Same key set, and per key the same dtype, shape and bits (no tolerance)."""
+    """Same key set, and per key the same dtype, shape and bits; exp-made float32 tensors
+    (`EXP_MADE`) within one ulp of the correctly rounded value instead, nothing else."""
     assert sorted(got) == sorted(want), (
         f"{where}: missing {sorted(set(want) - set(got))}, unexpected {sorted(set(got) - set(want))}"
     )
@@ -213,6 +237,11 @@ def assert_same_tensors(
         )
         if torch.equal(_bits(g), _bits(w)):
             continue
+        if EXP_MADE.search(key) and w.dtype == torch.float32 and (torch.sign(g) == torch.sign(w)).all():
+            worst = int(ulp_distance(g, w).max())
+            if worst <= 1:
+                continue
+            raise AssertionError(f"{where}: {key}: {worst} ulps from the correctly rounded exp (one allowed)")
         diff = (g != w).nonzero()
         if not len(diff):  # equal values, different bits (e.g. -0.0 vs 0.0)
             raise AssertionError(f"{where}: {key}: same values but different bytes")
