@@ -16,7 +16,7 @@ import typer
 from rich.logging import RichHandler
 
 from .. import __version__
-from . import checkpoints, evaluate, reports, run, serve, shards
+from . import checkpoints, evaluate, export, reports, run, serve, shards
 from .console import err, out
 from .errors import OneLineErrors, handle_errors
 
@@ -68,6 +68,7 @@ COMMANDS = (
 )
 for _name, _fn in COMMANDS:
     app.command(_name)(handle_errors(_fn))
+app.add_typer(export.app, name="export")
 app.command(
     "lm-eval", context_settings={"allow_extra_args": True, "ignore_unknown_options": True}, add_help_option=False
 )(handle_errors(evaluate.lm_eval_passthrough))
