@@ -111,7 +111,10 @@ def generate_process(shard_dir: Path, src: Path, out: Path) -> subprocess.Popen[
     cmd = [sys.executable, "-m", "plamo2_tools.cli", "generate", str(shard_dir), "--input", str(src), "--output",
            str(out), "--max-batch", "2", "--max-new-tokens", "40", "--seed", "3"]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # SIGINT at its default, as a terminal's Ctrl-C finds a foreground process: the test sends one, and a
+    # test run launched in the background would otherwise hand the CLI an ignored SIGINT.
+    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
 
 
 @pytest.mark.slow
