@@ -54,6 +54,7 @@ import json, sys
 json.dump({"preset": "$PRESET", "device": "$DEVICE", "steps": $STEPS, "prepare_s": $t_prep,
            "verify_shards_s": $t_shards, "verify_shards_rc": $rc_shards, "verify_serve_s": $t_serve,
            "verify_serve_rc": $rc_serve,
-           "commands": ["PRESET=$PRESET bash bench/gpu_verify_targets.sh"]}, open(sys.argv[1], "w"), indent=1)
+           "commands": ["PRESET=$PRESET DEVICE=$DEVICE STEPS=$STEPS bash bench/gpu_verify_targets.sh"]},
+          open(sys.argv[1], "w"), indent=1)
 EOF
 } 2>&1 | tee "$LOG"

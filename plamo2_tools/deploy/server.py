@@ -119,23 +119,24 @@ def _reason(reason: Any) -> str:
 
 
 def root_url(base: str) -> str:
-    """The server's root from what the user typed: `http://h:8000`, `.../v1` or `.../v1/` alike
-    (`/tokenize` lives at the root, the OpenAI routes under /v1)."""
+    """The server's root from what the user typed: `http://h:8000`, `.../v1`, `.../v1/` or lm-eval's
+    `.../v1/completions` alike (`/tokenize` lives at the root, the OpenAI routes under /v1)."""
     parts = urlsplit(base)
     if parts.scheme not in ("http", "https") or not parts.netloc:
         raise UserError(f"{base}: not an http(s):// URL")
     if parts.query or parts.fragment:
         raise UserError(f"{base}: a base URL has no query or fragment")
     path = parts.path.rstrip("/")
-    path = path.removesuffix("/v1")
+    path = path.removesuffix("/v1/completions").removesuffix("/v1")
     return f"{parts.scheme}://{parts.netloc}{path}"
 
 
 # ---- reading answers (every field type-checked) ------------------------------------------------
 def _need(value: Any, kind: type | tuple[type, ...], where: str) -> Any:
     if isinstance(value, bool) or not isinstance(value, kind):
+        kinds = kind if isinstance(kind, tuple) else (kind,)
         names = {dict: "an object", list: "an array", str: "a string", float: "a number", int: "an integer"}
-        want = " or ".join(names.get(k, k.__name__) for k in (kind if isinstance(kind, tuple) else (kind,)))
+        want = "a number" if set(kinds) == {int, float} else " or ".join(names.get(k, k.__name__) for k in kinds)
         raise UserError(f"{where} is not {want}")
     return value
 

@@ -183,8 +183,8 @@ def verify_targets(
     text = TokenText(tokenizer)
     results = []
     for target in targets:
-        results.append(_one_target(target, reference, cache, prompts, sequences, max_new_tokens, conventions,
-                                   target_precision, tokenizer, text, tick))  # fmt: skip
+        results.append(_one_target(target, cache, prompts, sequences, max_new_tokens, conventions, target_precision,
+                                   tokenizer, text, tick))  # fmt: skip
     return jsonable({
         "kind": VERIFY_TARGETS_KIND,
         "schema_version": VERIFY_TARGETS_SCHEMA_VERSION,
@@ -201,7 +201,7 @@ def verify_targets(
 
 
 def _one_target(
-    target: Target, reference: Reference, cache: ReferenceCache, prompts: Sequence[Sequence[int]],
+    target: Target, cache: ReferenceCache, prompts: Sequence[Sequence[int]],
     sequences: list[list[int]], max_new_tokens: int, conventions: list[Options], target_precision: str,
     tokenizer: Any, text: TokenText, tick: Callable[[int], None],
 ) -> dict[str, Any]:  # fmt: skip

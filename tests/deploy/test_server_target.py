@@ -155,3 +155,17 @@ def test_refusals_are_one_line_each(cli, one_line_error, tiny, odd) -> None:
     for url, args, code, words in cases:
         line = one_line_error(_verify(cli, url, ref, *args, expect=code), code)
         assert words in line, (url, line)
+
+
+def test_base_urls_as_users_type_them() -> None:
+    """The root of the server whatever the user pasted (lm-eval's base_url ends in /v1/completions)."""
+    from plamo2_tools.deploy.server import root_url
+    from plamo2_tools.errors import UserError
+
+    for typed in ("http://h:8000", "http://h:8000/", "http://h:8000/v1", "http://h:8000/v1/",
+                  "http://h:8000/v1/completions"):  # fmt: skip
+        assert root_url(typed) == "http://h:8000", typed
+    assert root_url("https://gw/team/v1") == "https://gw/team"
+    for bad in ("http://", "http://h/v1?key=1"):
+        with pytest.raises(UserError):
+            root_url(bad)
