@@ -155,7 +155,6 @@ def test_deploy_judges_from_above_the_runtime() -> None:
     assert GRAPH["deploy"] <= allowed, GRAPH["deploy"] - allowed
     users = {m for m, deps in FILES.items() if any(_unit(d) == "deploy" for d in deps)}
     assert {_unit(m) for m in users} <= {"deploy", "cli", "export", "report"}, users
-    assert not users, users
 
 
 def test_no_cycles_between_packages() -> None:
