@@ -421,9 +421,8 @@ class ServerTarget:
     def tokenize(self, text: str) -> list[int] | None:
         """vLLM's, SGLang's and our `/tokenize` take `prompt` + `add_special_tokens`; llama-server's
         takes `content` + `add_special`: one body carries both.  None when there is no such route."""
-        body = {"prompt": text, "add_special_tokens": False, "content": text, "add_special": False}
-        if self.extensions:
-            body["model"] = self.model
+        body = {"model": self.model, "prompt": text, "add_special_tokens": False, "content": text,
+                "add_special": False}  # fmt: skip
         try:
             answer = self.http.post("/tokenize", body)
         except ServerRefused as e:
