@@ -118,7 +118,7 @@ def test_kernels_know_no_model() -> None:
 
 
 @pytest.mark.parametrize("unit", ["runtime", "eval", "inspect", "kernels", "shards", "model", "tokenizer", "verify",
-                                  "serve"])  # fmt: skip
+                                  "serve", "deploy"])  # fmt: skip
 def test_nothing_but_the_commands_imports_convert(unit: str) -> None:
     assert "convert" not in GRAPH.get(unit, set())
 
@@ -144,6 +144,17 @@ def test_serve_is_a_consumer_of_the_runtime_like_eval() -> None:
     for m, deps in FILES.items():
         if _unit(m) == "serve" and m not in runtime_users:
             assert not {_unit(d) for d in deps} & {"runtime", "kernels", "model", "shards"}, (m, sorted(deps))
+
+
+def test_deploy_judges_from_above_the_runtime() -> None:
+    """deploy/ (`verify TARGET`) stands on the reference forward (model), the runtime, the shard
+    format, verify's prompt helpers and the foundation; it speaks HTTP to servers itself, so it never
+    imports serve/ (our server is a target like any other), eval, convert or the cli.  Only the
+    commands, export (which verifies what it writes) and the report (for the result kind) import it."""
+    allowed = FOUNDATION | {"model", "runtime", "shards", "verify", "tokenizer"}
+    assert GRAPH["deploy"] <= allowed, GRAPH["deploy"] - allowed
+    users = {m for m, deps in FILES.items() if any(_unit(d) == "deploy" for d in deps)}
+    assert {_unit(m) for m in users} <= {"deploy", "cli", "export", "report"}, users
 
 
 def test_no_cycles_between_packages() -> None:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ..convert.engine import CONVERT_KIND
+from ..deploy.verify import VERIFY_TARGETS_KIND
 from ..errors import Plamo2Error, UserError
 from ..eval.harness import EVAL_KIND
 from ..inspect import INSPECT_KIND
@@ -83,6 +84,7 @@ class Schema:
 SCHEMAS: dict[str, Schema] = {
     EVAL_KIND: Schema(LMEVAL, (1,), {"results": dict}),
     VERIFY_KIND: Schema(VERIFY, (1,), {"layouts": list}),
+    VERIFY_TARGETS_KIND: Schema(VERIFY, (1,), {"targets": list}),  # `verify TARGET...` (deploy/verify.py)
     BENCH_CONVERT_KIND: Schema(BENCH_CONVERT, (1,), {"baseline": dict, "results": list}),
     BENCH_KERNELS_KIND: Schema(BENCH_KERNELS, (1,), {"records": list}),  # kernels.jsonl: the lines are the records
     BENCH_RUNTIME_KIND: Schema(BENCH_RUNTIME, (1,), {"runs": list}),
