@@ -1,8 +1,8 @@
 """Find the JSON inputs of a report and recognise what each one is.
 
-Our own result files say what they are: each carries `"kind"` and `"schema_version"`, defined
-beside the code that writes it (CONVERT_KIND in convert/engine.py, VERIFY_KIND in
-verify.py, ...), and that is all the report goes by; a file of ours in a version this
+Our own result files say what they are: each carries `"kind"` and `"schema_version"`, named in
+one leaf module, plamo2_tools/kinds.py, which their writers import too (so the report loads none of
+the code that writes them), and that is all the report goes by; a file of ours in a version this
 report does not read is skipped with a note saying so.  lm-eval's own results files are the one
 external format: they are recognised by the structure lm-eval 0.4 documents for them.
 File names carry no meaning (lm-eval stamps its results with the time, users rename things).
@@ -20,34 +20,32 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..convert.engine import CONVERT_KIND
 from ..errors import Plamo2Error, UserError
-from ..eval.harness import EVAL_KIND
-from ..inspect import INSPECT_KIND
 from ..jsonio import MAX_DEPTH, RESULT_BYTES, depth
+from ..kinds import (
+    BENCH_CONVERT_KIND,
+    BENCH_FUZZ_KIND,
+    BENCH_KERNELS_KIND,
+    BENCH_RUNTIME_KIND,
+    BENCH_SERVE_KIND,
+    BENCH_TOKENIZER_KIND,
+    CHECK_KIND,
+    CONVERT_KIND,
+    EVAL_KIND,
+    INSPECT_KIND,
+    KILL_RESUME_KIND,
+    MUTANTS_KIND,
+    VERIFY_KIND,
+    VLLM_COMPAT_KIND,
+    VLLM_FORWARD_KIND,
+)
 from ..safe_files import read_regular
-from ..shards.check import CHECK_KIND
-from ..verify import VERIFY_KIND
 
 log = logging.getLogger(__name__)
 
 SUFFIXES = (".json", ".jsonl")
 KERNEL_RECORD_KEYS = ("kernel", "impl")
 KERNEL_LIST_KEYS = ("records",)  # where a kernels.json keeps its records
-
-# Kinds written by the benchmark scripts under bench/, which are not part of the installed package
-# (bench/kernels.py even sets up Triton when imported), so the report cannot import them: each
-# script defines KIND and SCHEMA_VERSION, and tests/report/test_report_kinds.py keeps these equal.
-BENCH_CONVERT_KIND = "plamo2-bench-convert"  # bench/convert.py
-BENCH_KERNELS_KIND = "plamo2-bench-kernels"  # bench/kernels.py: kernels.json, kernels.jsonl
-BENCH_RUNTIME_KIND = "plamo2-bench-runtime"  # bench/runtime.py
-VLLM_COMPAT_KIND = "plamo2-vllm-compat"  # bench/vllm_compat.py
-VLLM_FORWARD_KIND = "plamo3-vllm-forward"  # bench/plamo3_vllm_forward.py
-BENCH_TOKENIZER_KIND = "plamo2-bench-tokenizer"  # bench/tokenizer.py
-KILL_RESUME_KIND = "plamo2-bench-kill-resume"  # bench/kill_resume.py
-BENCH_SERVE_KIND = "plamo2-bench-serve"  # bench/serve.py
-BENCH_FUZZ_KIND = "plamo2-bench-fuzz"  # bench/fuzz.py
-MUTANTS_KIND = "plamo2-mutants"  # bench/mutants.py
 
 # Report sections, in the order the report shows them (the names appear in "Read as" and --json).
 LMEVAL = "lm-eval"

@@ -11,23 +11,25 @@ from typing import Any
 
 import pytest
 
-from plamo2_tools.convert.engine import CONVERT_KIND, CONVERT_SCHEMA_VERSION
-from plamo2_tools.eval.harness import EVAL_KIND, EVAL_SCHEMA_VERSION
-from plamo2_tools.inspect import INSPECT_KIND, INSPECT_SCHEMA_VERSION
-from plamo2_tools.report import build_report
-from plamo2_tools.report.inputs import (
+from plamo2_tools.kinds import (
     BENCH_CONVERT_KIND,
     BENCH_KERNELS_KIND,
     BENCH_RUNTIME_KIND,
     BENCH_SERVE_KIND,
-    SCHEMAS,
+    CHECK_KIND,
+    CHECK_SCHEMA_VERSION,
+    CONVERT_KIND,
+    CONVERT_SCHEMA_VERSION,
+    EVAL_KIND,
+    EVAL_SCHEMA_VERSION,
+    INSPECT_KIND,
+    INSPECT_SCHEMA_VERSION,
+    VERIFY_KIND,
+    VERIFY_SCHEMA_VERSION,
     VLLM_FORWARD_KIND,
-    classify,
-    collect,
-    load,
 )
-from plamo2_tools.shards.check import CHECK_KIND, CHECK_SCHEMA_VERSION
-from plamo2_tools.verify import VERIFY_KIND, VERIFY_SCHEMA_VERSION
+from plamo2_tools.report import build_report
+from plamo2_tools.report.inputs import SCHEMAS, classify, collect, load
 
 ROOT = Path(__file__).resolve().parents[2]
 WRITERS = {  # kind -> the version its writer writes today
