@@ -38,8 +38,9 @@ BENCH_RUNTIME_KIND = "plamo2-bench-runtime"
 BENCH_SERVE_KIND = "plamo2-bench-serve"
 
 # ---- checks kept as their own scripts under bench/ (each its own fields) ------------------------------
-# vllm_compat.py and plamo3_vllm_forward.py run in vLLM's venv, where this package is not importable:
-# they spell their pair out, and tests/report/test_report_kinds.py keeps them equal to these.
+# Standalone scripts (vllm_compat.py and plamo3_vllm_forward.py even run in vLLM's venv, where this
+# package is not importable) spell their pair out; tests/report/test_report_kinds.py keeps every one
+# equal to these.  fuzz.py, which puts the repository on its path anyway, imports its pair.
 VLLM_COMPAT_KIND, VLLM_COMPAT_SCHEMA_VERSION = "plamo2-vllm-compat", 1  # bench/vllm_compat.py
 VLLM_FORWARD_KIND, VLLM_FORWARD_SCHEMA_VERSION = "plamo3-vllm-forward", 1  # bench/plamo3_vllm_forward.py
 BENCH_TOKENIZER_KIND, BENCH_TOKENIZER_SCHEMA_VERSION = "plamo2-bench-tokenizer", 1  # bench/tokenizer.py

@@ -147,6 +147,20 @@ def test_the_report_reads_kinds_not_their_writers() -> None:
     assert _floor(GRAPH, "report") <= 4
 
 
+def test_the_package_never_imports_the_benchmarks() -> None:
+    """bench/ stands beside the installed package and on it, never under it: an installed
+    plamo2-tools has no `bench` to import."""
+    users = set()
+    for m, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and not node.level:
+                names = [node.module or ""]
+            if any(n == "bench" or n.startswith("bench.") for n in names):
+                users.add(m)
+    assert not users, users
+
+
 def test_nothing_imports_the_cli() -> None:
     users = {m for m, deps in FILES.items() if any(_unit(d) == "cli" for d in deps) and _unit(m) != "cli"}
     assert not users, users
