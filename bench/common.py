@@ -323,17 +323,22 @@ def prefill_rate(rows: list[tuple[int, int, bool, float]]) -> float | None:
 
 
 def run_timed(
-    cmd: list[str], env: dict[str, str] | None = None, sample: bool = False, log: Path | None = None
+    cmd: list[str],
+    env: dict[str, str] | None = None,
+    sample: bool = False,
+    log: Path | None = None,
+    cwd: Path | None = None,
 ) -> dict[str, Any]:
     """Run cmd to its end: wall time, exit status ("rc"), CPU time of it and the children it waited
     for, and with `sample` its peak RSS (VmHWM of /proc/PID/status read every 20 ms: rusage's
     ru_maxrss would include this process's memory, inherited across fork and exec).  Its output goes
-    to `log`, else comes back as "stdout" and "stderr"."""
+    to `log`, else comes back as "stdout" and "stderr".  `cwd` matters for `python -m`, which puts
+    the working directory ahead of PYTHONPATH."""
     start = time.perf_counter()
     sink = open(log, "wb") if log is not None else None  # noqa: SIM115 - closed below, after the wait
     pipe = subprocess.PIPE if sink is None else sink
     err = subprocess.PIPE if sink is None else subprocess.STDOUT
-    proc = subprocess.Popen(cmd, stdout=pipe, stderr=err, env=env or tree_env())
+    proc = subprocess.Popen(cmd, stdout=pipe, stderr=err, env=env or tree_env(), cwd=cwd)
     peaks = {"VmHWM": 0, "VmRSS": 0, "RssAnon": 0, "RssFile": 0}
     stop = threading.Event()
 

@@ -139,7 +139,9 @@ STEPS = (
 
 def timed(cmd: list[str], env: dict[str, str], log: Path) -> dict[str, Any]:
     """Wall, CPU of the process and its children, peak RSS, exit status (and its output's end if not 0)."""
-    r = run_timed(cmd, env=env, sample=True, log=log)
+    # cwd: the run's own directory, never a source tree (`python -m` puts the working directory
+    # ahead of PYTHONPATH, which would run this tree's code for every --tree).
+    r = run_timed(cmd, env=env, sample=True, log=log, cwd=log.parent)
     record = {k: r[k] for k in ("wall_s", "user_s", "sys_s", "peak_rss_bytes", "rc")}
     if r["rc"] != 0:
         record["output_tail"] = log.read_text(errors="replace")[-1500:]

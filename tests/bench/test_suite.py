@@ -6,6 +6,7 @@ which `plamo2-tools report` renders; a run cut by its deadline or stopped by an 
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -132,6 +133,24 @@ def test_a_crash_keeps_the_file_with_its_error(cli, tmp_path: Path) -> None:
     report = tmp_path / "report.md"
     cli("report", out, "--out", report)
     assert "**stopped by an error**" in report.read_text()
+
+
+def test_each_tree_runs_its_own_code(tmp_path: Path) -> None:
+    """--tree NAME=PATH runs the commands from PATH, not from this tree: a copy whose CLI exits 7 must
+    show 7 in its records and only there.  Shown to fail when the steps ran with this tree as their
+    working directory (`python -m` puts it ahead of PYTHONPATH)."""
+    planted = tmp_path / "planted"
+    shutil.copytree(ROOT / "plamo2_tools", planted / "plamo2_tools", ignore=shutil.ignore_patterns("__pycache__"))
+    (planted / "plamo2_tools" / "cli" / "__main__.py").write_text("raise SystemExit(7)\n")
+    out = tmp_path / "e2e.json"
+    bench("e2e", *TINY, "--steps", "help", "--repeat", "1", "--tree", f"planted={planted}", "--out", out)
+    records = json.loads(out.read_text())["results"]["records"]
+    assert {(r["step"], r["tree"], r["rc"]) for r in records} == {
+        ("python", "this", 0),
+        ("python", "planted", 0),
+        ("help", "this", 0),
+        ("help", "planted", 7),
+    }
 
 
 def test_a_bad_tree_is_refused(tmp_path: Path) -> None:
