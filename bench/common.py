@@ -107,13 +107,14 @@ def machine() -> dict[str, Any]:
 
 
 def commit(tree: Path = ROOT) -> tuple[str | None, bool | None]:
-    """(commit, dirty) of the tree; from $PLAMO2_BENCH_COMMIT where the tree has no .git."""
+    """(commit, dirty: a tracked file changed) of the tree; from $PLAMO2_BENCH_COMMIT where the tree has
+    no .git.  Untracked files do not count: the run's own output may be one."""
     try:
         head = subprocess.run(
             ["git", "-C", str(tree), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=30, check=True
         ).stdout.strip()
         status = subprocess.run(
-            ["git", "-C", str(tree), "status", "--porcelain"],
+            ["git", "-C", str(tree), "status", "--porcelain", "--untracked-files=no"],
             capture_output=True,
             text=True,
             timeout=30,
