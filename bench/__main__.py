@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 import traceback
 
@@ -30,6 +31,14 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
+class Stopped(BaseException):
+    """SIGTERM, raised where the benchmark is (not an Exception: no `except Exception` swallows it)."""
+
+
+def _stopped(signum: int, frame: object) -> None:
+    raise Stopped
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     ap = parser()
@@ -40,12 +49,17 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     module = load(args.benchmark)
     result = Result(args.benchmark, module.KIND, args, argv)
+    signal.signal(signal.SIGTERM, _stopped)  # the session driver's stop: leave the file saying so
     try:
         module.run(args, result)
     except KeyboardInterrupt:
         result.save(error="interrupted")
         print(f"interrupted: what ran is in {args.out}", file=sys.stderr)
         return 130
+    except Stopped:
+        result.save(error="stopped (SIGTERM: past its deadline)")
+        print(f"stopped: what ran is in {args.out}", file=sys.stderr)
+        return 143
     except Exception as e:  # a benchmark's crash keeps the numbers it had, and says why
         traceback.print_exc()
         result.save(error=f"{type(e).__name__}: {e}"[:2000])

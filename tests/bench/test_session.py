@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
+import sys
 import tarfile
 import time
 from pathlib import Path
 
-from bench_helpers import bench
+from bench_helpers import ROOT, bench, env
 
 from bench.session import stop
 
@@ -73,6 +75,51 @@ def test_an_unknown_benchmark_is_refused_before_anything_runs(tmp_path: Path) ->
     )
     assert proc.returncode != 0 and "unknown benchmark 'nope'" in proc.stderr
     assert not (tmp_path / "out" / "session.json").exists()
+
+
+def test_a_stopped_benchmark_leaves_its_file_saying_so(tmp_path: Path) -> None:
+    """What the session's stop does to a benchmark: SIGTERM once it has saved a step; the file keeps
+    that step, says it was stopped, and the exit is 143.  Shown to fail without the SIGTERM handler
+    (the file then still reads as a run in progress, with no error)."""
+    out = tmp_path / "e2e.json"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "bench",
+            "e2e",
+            *TINY,
+            "--device",
+            "cpu",
+            "--steps",
+            "help",
+            "--repeat",
+            "200",
+            "--work",
+            str(tmp_path / "w"),
+            "--out",
+            str(out),
+        ],
+        cwd=ROOT,
+        env=env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        for _ in range(1200):
+            if out.exists() and json.loads(out.read_text())["results"].get("records"):
+                break
+            time.sleep(0.1)
+        else:
+            raise AssertionError("no step saved in 120 s")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 143, proc.stderr.read() if proc.stderr else ""
+    finally:
+        proc.kill()
+    data = json.loads(out.read_text())
+    assert data["error"] == "stopped (SIGTERM: past its deadline)" and data["complete"] is False
+    assert data["results"]["records"]
 
 
 def test_stop_ends_the_whole_group() -> None:
