@@ -107,26 +107,26 @@ def machine() -> dict[str, Any]:
 
 
 def commit(tree: Path = ROOT) -> tuple[str | None, bool | None]:
-    """(commit, dirty: a tracked file changed) of the tree; from $PLAMO2_BENCH_COMMIT where the tree has
-    no .git.  Untracked files do not count: the run's own output may be one."""
-    try:
-        head = subprocess.run(
-            ["git", "-C", str(tree), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=30, check=True
-        ).stdout.strip()
-        status = subprocess.run(
-            ["git", "-C", str(tree), "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=True,
-        ).stdout
-        return head, bool(status.strip())
-    except (OSError, subprocess.SubprocessError):
-        given = os.environ.get(COMMIT_ENV, "").strip()
-        if not given:
-            return None, None
+    """(commit, dirty: a tracked file changed) of the tree: $PLAMO2_BENCH_COMMIT (`SHA` or `SHA+dirty`)
+    when set, else git's, but only when the tree is the top of its own checkout: a copy of the tree
+    inside another repository (a device machine's copy of the lead's checkout) would report that
+    repository's commit.  Untracked files do not count: the run's own output may be one."""
+    given = os.environ.get(COMMIT_ENV, "").strip()
+    if given:
         sha, _, state = given.partition("+")
         return sha, state == "dirty" if state else None
+
+    def git(*args: str) -> str:
+        return subprocess.run(
+            ["git", "-C", str(tree), *args], capture_output=True, text=True, timeout=30, check=True
+        ).stdout.strip()
+
+    try:
+        if Path(git("rev-parse", "--show-toplevel")).resolve() != tree.resolve():
+            return None, None
+        return git("rev-parse", "HEAD"), bool(git("status", "--porcelain", "--untracked-files=no"))
+    except (OSError, subprocess.SubprocessError):
+        return None, None
 
 
 def now() -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -28,3 +29,16 @@ def bench(
     if expect is not None:
         assert proc.returncode == expect, proc.stderr[-3000:] + proc.stdout[-3000:]
     return proc
+
+
+def run_json(name: str, *args: object, out: Path) -> dict:
+    """`python -m bench NAME ARGS --out OUT`, and the file it wrote."""
+    bench(name, *args, "--out", out)
+    return json.loads(out.read_text())
+
+
+def rendered(cli, path: Path) -> str:  # type: ignore[no-untyped-def]
+    """The Markdown `plamo2-tools report PATH` writes (through the real command)."""
+    report = path.with_suffix(".md")
+    cli("report", path, "--out", report)
+    return report.read_text()

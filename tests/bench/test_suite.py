@@ -16,6 +16,7 @@ from bench_helpers import ROOT, bench, env
 
 from bench import BENCHMARKS, load
 from bench.__main__ import parser
+from bench.common import COMMIT_ENV, commit
 from plamo2_tools.kinds import BENCH_E2E_KIND, BENCH_SCHEMA_VERSION, BENCH_THROUGHPUT_KIND
 from plamo2_tools.report.inputs import classify
 
@@ -107,6 +108,25 @@ def test_e2e_writes_the_envelope_and_the_report_renders_it(cli, tmp_path: Path) 
     text = report.read_text()
     assert "## The README's commands from the shell" in text and "**tiny e2e**" in text
     assert "| inspect |" in text and "`plamo2-tools inspect " in text
+
+
+def test_the_commit_is_this_trees_or_the_one_given(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A copy of the tree inside another checkout (how a device machine holds it) has no commit of its
+    own: git would name the outer repository's.  Shown to fail with commit() asking git alone."""
+    outer = tmp_path / "outer"
+    (outer / "copy").mkdir(parents=True)
+    for args in (
+        ["init", "-q"],
+        ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty", "-m", "x"],
+    ):
+        subprocess.run(["git", "-C", str(outer), *args], check=True)
+    monkeypatch.delenv(COMMIT_ENV, raising=False)
+    assert commit(outer / "copy") == (None, None)
+    assert commit(ROOT)[0] == git_head()
+    monkeypatch.setenv(COMMIT_ENV, "abc123+dirty")
+    assert commit(outer / "copy") == commit(ROOT) == ("abc123", True)
+    monkeypatch.setenv(COMMIT_ENV, "abc123")
+    assert commit(outer / "copy") == ("abc123", None)
 
 
 def test_a_run_cut_by_its_deadline_says_what_it_left_out(cli, tmp_path: Path) -> None:

@@ -4,44 +4,20 @@ the report reads."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from bench_helpers import bench
+from bench_helpers import rendered, run_json
 
 from plamo2_tools.kinds import BENCH_ACCURACY_KIND, BENCH_SCHEMA_VERSION, BENCH_THROUGHPUT_KIND
+
+THROUGHPUT = "--device cpu --modes torch-eager --decode 1,4 --steps 8 --context 16 --prefill 64 --packed 16 "
+THROUGHPUT += "--schedule 12 --prompt-tokens 20 --batch 6"
+ACCURACY = "--device cpu --synthetic-data 12 --limit 5 --batch-size auto --max-gen-toks 8 --capacity 2048"
 
 
 def test_throughput_on_cpu(cli, shards, tmp_path: Path) -> None:
     out = tmp_path / "throughput.json"
-    bench(
-        "throughput",
-        "--shards",
-        shards("tiny", 1, 1, seed=11),
-        "--device",
-        "cpu",
-        "--modes",
-        "torch-eager",
-        "--decode",
-        "1,4",
-        "--steps",
-        "8",
-        "--context",
-        "16",
-        "--prefill",
-        "64",
-        "--packed",
-        "16",
-        "--schedule",
-        "12",
-        "--prompt-tokens",
-        "20",
-        "--batch",
-        "6",
-        "--out",
-        out,
-    )
-    data = json.loads(out.read_text())
+    data = run_json("throughput", "--shards", shards("tiny", 1, 1, seed=11), *THROUGHPUT.split(), out=out)
     assert (data["kind"], data["schema_version"], data["complete"]) == (
         BENCH_THROUGHPUT_KIND,
         BENCH_SCHEMA_VERSION,
@@ -56,49 +32,19 @@ def test_throughput_on_cpu(cli, shards, tmp_path: Path) -> None:
     sched = res["runs"][4]
     assert sched["batch"] == 6 and sched["requests"] == 12 and sched["loop"]["groups"] >= 2
     assert all(r["tokens_per_s"] is None or isinstance(r["tokens_per_s"], float) for r in res["runs"])
-    report = tmp_path / "report.md"
-    cli("report", out, "--out", report)
-    assert "## Runtime throughput" in report.read_text()
+    assert "## Runtime throughput" in rendered(cli, out)
 
 
 def test_accuracy_on_cpu(cli, shards, tmp_path: Path) -> None:
     out = tmp_path / "accuracy.json"
-    bench(
-        "accuracy",
-        "--shards",
-        shards("tiny", 1, 1, seed=11),
-        "--synthetic-data",
-        "12",
-        "--limit",
-        "5",
-        "--batch-size",
-        "auto",
-        "--device",
-        "cpu",
-        "--max-gen-toks",
-        "8",
-        "--capacity",
-        "2048",
-        "--out",
-        out,
-    )
-    data = json.loads(out.read_text())
+    data = run_json("accuracy", "--shards", shards("tiny", 1, 1, seed=11), *ACCURACY.split(), out=out)
     assert (data["kind"], data["complete"]) == (BENCH_ACCURACY_KIND, True)
     res = data["results"]
     assert res["documents"] == 5 and res["synthetic_data"] is True
-    assert set(res["split_seconds"]) == {
-        "load",
-        "warm_up",
-        "generate",
-        "prefill_device",
-        "decode_device",
-        "generate_host",
-        "lm_eval_other",
-    }
+    split = {"load", "warm_up", "generate", "prefill_device", "decode_device", "generate_host", "lm_eval_other"}
+    assert set(res["split_seconds"]) == split
     assert res["auto_batch"]["slots"] >= res["batch_size"] == 5
     assert res["prefill"]["tokens"] > 5 * 500 and res["generated_tokens"] == 5 * 8
     assert {"exact_match,strict-match", "exact_match,flexible-extract"} <= set(res["metrics"])
-    report = tmp_path / "report.md"
-    cli("report", out, "--out", report)
-    text = report.read_text()
+    text = rendered(cli, out)
     assert "## GSM8K offline" in text and "published for pfnet/plamo-2-1b" in text
