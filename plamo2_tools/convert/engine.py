@@ -26,6 +26,7 @@ from ..digest import SHA256, hash_range, mapped_windows, new_hash
 from ..dtypes import dtype_name
 from ..errors import CheckpointError, OutputExistsError, Plamo2Error, UserError
 from ..jsonio import MANIFEST_BYTES, read_json
+from ..kinds import CONVERT_KIND, CONVERT_SCHEMA_VERSION  # what `convert --json` is (ConvertResult.summary)
 from ..outputs import check_free_space, make_output_dir, refuse_foreign, remove_outputs
 from ..safe_files import copy_file
 from ..safetensors_io import PartialFile, fsync_dir, fsync_path, read_header
@@ -41,10 +42,6 @@ from .writer import CHUNK_BYTES, COPY_MODES, Cancelled, Job, Writer, default_wor
 log = logging.getLogger("plamo2_tools.convert")
 __all__ = ["CHUNK_BYTES", "COPY_MODES", "ConvertResult", "convert", "plan_only"]
 Progress = Callable[[int], None]
-# `convert --json` (ConvertResult.summary): `plamo2-tools report` recognises it by this kind and
-# version.  Bump the version when a field changes meaning or goes away (adding one is compatible).
-CONVERT_KIND = "plamo2-convert"
-CONVERT_SCHEMA_VERSION = 1
 
 
 @dataclass

@@ -3,7 +3,7 @@ on the same kernels, and generation with graphs equals generation without.
 
 The model is the tiny-gqa preset in bf16 on the PyTorch kernels by default (its 16-wide heads are
 below Triton's tile minimum); PLAMO2_GPU_TEST_SHARDS=<shard dir> runs the same checks on real
-shapes with the Triton kernels (bench/gpu_generation.sh points it at synthetic plamo-2-1b).
+shapes with the Triton kernels (a GPU session points it at synthetic plamo-2-1b: docs/benchmarks.md).
 """
 
 from __future__ import annotations

@@ -1,8 +1,12 @@
-"""Wall time of a full offline GSM8K run (lm-eval's gsm8k v3, 5-shot, every test document) on the
-runtime, through the public API (`Runtime`, `Plamo2LM`, the harness), split into its phases.
+"""The offline GSM8K run (lm-eval's gsm8k, 5-shot): its scores and its wall time, phase by phase.
 
-    python bench/gsm8k.py SHARDS (--gsm8k-dir DIR | --synthetic-data N) --out gsm8k.json
-        [--batch-size auto] [--limit N] [--device cuda] [--samples rows.jsonl]
+    python -m bench accuracy [--shards DIR | --preset plamo-2-1b --dtype bfloat16] [--device cuda]
+        (--gsm8k-dir DIR | --synthetic-data N) [--batch-size auto] [--limit N] [--samples rows.jsonl]
+
+lm-eval's gsm8k v3 on every test document (or --limit), through the public API (`Runtime`,
+`Plamo2LM`, the harness).  Scores: flexible-extract and strict-match exact match; the baseline for
+them is vLLM's published run of pfnet/plamo-2-1b (0.202 / 0.520 at TP1xPP1, vLLM PR #19674), which
+only real weights can meet (a synthesized model scores about 0: its runs time the pipeline).
 
 Clock: from loading the shards to lm-eval's scored results.  Phases:
 * load: `Runtime(...)`;
@@ -17,12 +21,13 @@ The effective prefill rate is prompt tokens / prefill device time, for all forwa
 for the first fill (no sequence decoding yet) and for refills (forwards that ran while sequences
 decoded), with the loop's counters (forwards, tokens per forward, groups, padding).
 
+The baseline for the time is inside the same run: the runtime's own device time (prefill and
+decode) against everything lm-eval and the host add around it.
+
 `--batch-size auto` (default) takes the runtime's memory plan for slots of `--capacity` tokens;
 the plan is in the output.  `--synthetic-data N` writes GSM8K-shaped files (the real schema,
 questions and worked answers of GSM8K's lengths, made-up words) with N test problems, for machines
-without the data (the model is synthetic anyway; the timing needs only the shapes).  Writes
-`kind: plamo2-bench-runtime` with one `phase: gsm8k` record, so that `plamo2-tools report` shows it
-beside the decode benchmark.
+without the data (the model is synthetic anyway; the timing needs only the shapes).
 """
 
 from __future__ import annotations
@@ -35,37 +40,66 @@ import time
 from pathlib import Path
 from typing import Any
 
-import torch
+from bench.common import Result, model_inputs, work_dir
+from bench.common import prefill_rate as rate
+from plamo2_tools.kinds import BENCH_ACCURACY_KIND
 
-KIND = "plamo2-bench-runtime"  # the report renders it beside bench/runtime.py's decode numbers
-SCHEMA_VERSION = 1
-WORDS = ("apples", "boxes", "each", "costs", "dollars", "more", "than", "twice", "many", "how", "she", "buys",
-         "sells", "week", "pages", "reads", "left", "total", "per", "hour", "friends", "shares", "equally",
-         "tickets", "garden", "rows", "plants", "minutes", "saves", "spends")  # fmt: skip
+KIND = BENCH_ACCURACY_KIND
+MODEL = True
+# vLLM's published run of pfnet/plamo-2-1b, 5-shot, TP1xPP1 (vLLM PR #19674; the README's table).
+PUBLISHED = {"model": "pfnet/plamo-2-1b", "flexible-extract": 0.202, "strict-match": 0.520, "source": "vLLM PR #19674"}
+WORDS = (
+    "apples",
+    "boxes",
+    "each",
+    "costs",
+    "dollars",
+    "more",
+    "than",
+    "twice",
+    "many",
+    "how",
+    "she",
+    "buys",
+    "sells",
+    "week",
+    "pages",
+    "reads",
+    "left",
+    "total",
+    "per",
+    "hour",
+    "friends",
+    "shares",
+    "equally",
+    "tickets",
+    "garden",
+    "rows",
+    "plants",
+    "minutes",
+    "saves",
+    "spends",
+)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("shards", type=Path)
+def add_arguments(ap: argparse.ArgumentParser) -> None:
     data = ap.add_mutually_exclusive_group(required=True)
-    data.add_argument("--gsm8k-dir", type=Path)
+    data.add_argument("--gsm8k-dir", type=Path, help="train.jsonl + test.jsonl of openai/grade-school-math")
     data.add_argument("--synthetic-data", type=int, metavar="N", help="GSM8K-shaped files with N test problems")
-    ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--batch-size", default="auto", help="decode slots: a number or auto")
     ap.add_argument("--limit", type=int, default=None)
     ap.add_argument("--capacity", type=int, default=4096, help="tokens per decode slot (prompt + answer)")
     ap.add_argument("--no-cuda-graph", action="store_true")
-    ap.add_argument("--device", default="cuda")
     ap.add_argument("--backend", default="auto")
     ap.add_argument("--num-fewshot", type=int, default=None, help="default: the task's 5")
     ap.add_argument("--max-gen-toks", type=int, default=256)
     ap.add_argument("--static-batches", action="store_true", help="lm-eval's fixed batches, no refill")
     ap.add_argument("--samples", type=Path, default=None, help="also write the per-document responses here")
-    args = ap.parse_args()
-    print(json.dumps(run(args), indent=2))
 
 
 def _sync() -> None:
+    import torch
+
     if torch.cuda.is_available():
         torch.cuda.synchronize()
 
@@ -80,8 +114,10 @@ def synthetic_gsm8k(out: Path, test: int, train: int = 7473, seed: int = 0) -> P
 
     def row() -> dict[str, str]:
         q = sentence(rng.randint(25, 70)).capitalize() + "?"
-        steps = [f"{sentence(rng.randint(6, 14))} = <<{a}*{b}={a * b}>>{a * b}."
-                 for a, b in ((rng.randint(2, 20), rng.randint(2, 20)) for _ in range(rng.randint(2, 5)))]  # fmt: skip
+        steps = [
+            f"{sentence(rng.randint(6, 14))} = <<{a}*{b}={a * b}>>{a * b}."
+            for a, b in ((rng.randint(2, 20), rng.randint(2, 20)) for _ in range(rng.randint(2, 5)))
+        ]
         return {"question": q, "answer": "\n".join(steps) + f"\n#### {rng.randint(1, 999)}"}
 
     out.mkdir(parents=True, exist_ok=True)
@@ -109,7 +145,13 @@ class TimedRuntime:
             self.calls += 1
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
+def run(args: argparse.Namespace, result: Result) -> None:
+    with work_dir(args) as work:
+        _, shards = model_inputs(args, work, result)
+        result.results.update(evaluate(args, shards))
+
+
+def evaluate(args: argparse.Namespace, shards: Path) -> dict[str, Any]:
     from plamo2_tools.eval.gsm8k_task import load_gsm8k_data
     from plamo2_tools.eval.harness import EvalRequest, evaluate_model
     from plamo2_tools.eval.plamo2_lm import Plamo2LM
@@ -120,8 +162,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         folder = args.gsm8k_dir or synthetic_gsm8k(Path(tmp) / "data", args.synthetic_data)
         data = load_gsm8k_data(folder, allow_unverified=True)
         t0 = time.perf_counter()
-        rt = Runtime(args.shards, device=args.device, backend=args.backend, mode="local",
-                     cuda_graph=not args.no_cuda_graph)  # fmt: skip
+        rt = Runtime(shards, device=args.device, backend=args.backend, mode="local", cuda_graph=not args.no_cuda_graph)
         t_load = time.perf_counter() - t0
         eng = rt.engines[0]
         if args.batch_size == "auto":
@@ -141,11 +182,23 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         timer = PhaseTimer()
         eng.timer, eng.stats = timer, LoopStats()
         timed = TimedRuntime(rt)
-        lm = Plamo2LM(runtime=timed, pretrained=str(args.shards), batch_size=B, max_gen_toks=args.max_gen_toks,
-                      continuous_batching=not args.static_batches)  # fmt: skip
-        request = EvalRequest(shards=str(args.shards), data=data.to_dict(), batch_size=B, device=args.device,
-                              limit=args.limit, num_fewshot=args.num_fewshot, bootstrap_iters=0,
-                              max_gen_toks=args.max_gen_toks)  # fmt: skip
+        lm = Plamo2LM(
+            runtime=timed,
+            pretrained=str(shards),
+            batch_size=B,
+            max_gen_toks=args.max_gen_toks,
+            continuous_batching=not args.static_batches,
+        )
+        request = EvalRequest(
+            shards=str(shards),
+            data=data.to_dict(),
+            batch_size=B,
+            device=args.device,
+            limit=args.limit,
+            num_fewshot=args.num_fewshot,
+            bootstrap_iters=0,
+            max_gen_toks=args.max_gen_toks,
+        )
         t1 = time.perf_counter()
         outcome = evaluate_model(lm, request, Path(tmp) / "hf")
         _sync()
@@ -155,10 +208,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     eng.timer = None
     device = timer.seconds()
     forwards = timer.forward_seconds()
-
-    def rate(rows: list[tuple[int, int, bool, float]]) -> float | None:
-        secs = sum(r[3] for r in rows)
-        return sum(r[0] for r in rows) / secs if secs else None
 
     samples = outcome.samples.get("gsm8k", [])
     docs = len({s["doc_id"] for s in samples}) or outcome.results["n-samples"]["gsm8k"]["effective"]
@@ -181,15 +230,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "refill_forwards": sum(1 for f in forwards if f[2]),
         "mean_prompt_tokens": timer.counts["prefill_tokens"] / docs if docs else None,
     }
-    record = {"backend": rt.kernels, "mode": "eager" if args.no_cuda_graph else "graphs", "phase": "gsm8k",
-              "batch": B, "documents": docs, "tokens_per_s": tokens / wall, "wall_seconds": wall}  # fmt: skip
     result = {
-        "kind": KIND,
-        "schema_version": SCHEMA_VERSION,
-        "label": "gsm8k",
-        "shards": str(args.shards),
-        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
-        "torch": torch.__version__,
+        "shards": str(shards),
+        "backend": rt.kernels,
+        "mode": "eager" if args.no_cuda_graph else "graphs",
+        "tokens_per_s": tokens / wall,
         "wall_seconds": wall,
         "documents": docs,
         "batch_size": B,
@@ -205,15 +250,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "metrics": {k: v for k, v in metrics.items() if isinstance(v, (int, float))},
         "gsm8k_data_verified": data.verified,
         "synthetic_data": args.synthetic_data is not None,
-        "runs": [record],
+        "published": PUBLISHED,
     }
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
     if args.samples:
         rows = [{"doc_id": s["doc_id"], "filter": s["filter"], "resps": s["resps"]} for s in samples]
         args.samples.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     rt.close()
     return result
-
-
-if __name__ == "__main__":
-    main()

@@ -1,4 +1,5 @@
-"""The server under load (`"kind": "plamo2-bench-serve"`, written by bench/serve.py): per number of
+"""The server under load (`python -m bench serving`, kind plamo2-bench-serving; plamo2-bench-serve from
+bench/serve.py before the suite): per number of
 concurrent streaming clients, output tokens/s of `plamo2-tools serve` beside in-process
 `Runtime.generate` on the same requests, and the clients' time to first token and per token."""
 
@@ -6,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .bench import payload, run_line
 from .context import Context
 from .inputs import Doc
 from .markdown import MISSING, code, is_number, table
@@ -25,18 +27,17 @@ def _ms(v: Any) -> str:
 def render(docs: list[Doc], ctx: Context) -> list[str]:
     lines = ["## Server under load", ""]
     for doc in docs:
-        d = doc.data
+        d = payload(doc)
         cfg = d.get("config") if isinstance(d.get("config"), dict) else {}
         server = d.get("server") if isinstance(d.get("server"), dict) else {}
-        head = [f"**{d['label']}**"] if d.get("label") else []
-        head += [str(d.get("gpu", d.get("device", "?"))), f"shards {code(d.get('shards', '?'))}"]
+        head = [f"shards {code(d.get('shards', '?'))}"]
         prompt, answer, per = cfg.get("prompt_tokens", "?"), cfg.get("max_tokens", "?"), cfg.get("per_client", "?")
         head.append(f"prompts {prompt} ± 25% tokens, answers {answer} tokens, {per} requests per client")
         if server:
             up, rc = _num(server.get("startup_s"), ".1f"), server.get("exit_code", "?")
             slots, context = server.get("slots", "?"), server.get("context", "?")
             head.append(f"server: {slots} slots of {context} tokens, up in {up} s, exit {rc}")
-        lines += [f"### {code(doc.name)}", "", "; ".join(head), ""]
+        lines += [f"### {code(doc.name)}", "", *run_line(doc), "; ".join(head), ""]
         rows = []
         for r in d.get("runs", []):
             if not isinstance(r, dict):

@@ -1,9 +1,11 @@
-"""`plamo2-tools serve` under N concurrent streaming clients, beside in-process `Runtime.generate`
-on the same requests: output tokens/s, time to first token (p50/p99) and time per output token.
+"""`plamo2-tools serve` under N streaming clients against in-process `Runtime.generate` on the same requests.
 
-    python bench/serve.py (SHARDS | --synth PRESET [--dtype bfloat16]) --out bench_serve.json
+    python -m bench serving [--shards DIR | --preset plamo-2-1b --dtype bfloat16] [--device cuda]
         [--clients 1,16,64,256] [--per-client 2] [--prompt-tokens 256] [--max-tokens 128]
-        [--device cuda] [--max-seconds 900] [--client-procs 8] [--label 1b] [--server-arg=--sync-every=8 ...]
+        [--max-seconds 900] [--client-procs 8] [--server-arg=--sync-every=8 ...]
+
+Measures output tokens/s, time to first token (p50/p99) and time per output token of the server;
+the baseline, measured in the same run, is the runtime itself on the same prompts in-process.
 
 What runs, per level N of --clients:
 * the server (one subprocess for all levels, `--max-batch` = the largest N, `--max-context` =
@@ -22,10 +24,10 @@ of the answer's time over its other tokens.  The clients are a minimal HTTP/1.1 
 asyncio streams spread over --client-procs processes, so that parsing thousands of chunks a second
 is not what is measured (and nothing beyond the standard library is needed on the client side).
 
---max-seconds bounds the run after the shards are ready: a level that would start past it is skipped, a level that
-runs past it is cut (its record says `complete: false`), and the in-process side of a level runs
-only while there is time for it.  The JSON (kind plamo2-bench-serve) is rewritten after each level.
-Runs on the CPU too (`--synth tiny --device cpu`: the tests do, with small sizes).
+--max-seconds (default: 900 once the shards are ready) bounds the run: a level that would start past it is
+skipped, a level that runs past it is cut (its record says `complete: false`), and the in-process
+side of a level runs only while there is time for it.  The file is rewritten after each level.
+Runs on the CPU too (`--preset tiny --device cpu`: the tests do, with small sizes).
 """
 
 from __future__ import annotations
@@ -38,41 +40,22 @@ import os
 import random
 import re
 import subprocess
-import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
-KIND = "plamo2-bench-serve"
-# Version 1: runs[] of {clients, requests, per_client, complete, output_tokens, wall_s, tokens_per_s,
+from bench.common import Result, cli, ints, model_inputs, tree_env, work_dir
+from plamo2_tools.kinds import BENCH_SERVING_KIND
+
+# results: runs[] of {clients, requests, per_client, complete, output_tokens, wall_s, tokens_per_s,
 # ttft_p50_s, ttft_p99_s, tpot_p50_s, tpot_p99_s, in_process: {tokens_per_s, wall_s} | null,
-# ratio (server / in-process tokens/s) | null}; server: {slots, context, startup_s}.
-SCHEMA_VERSION = 1
-ROOT = Path(__file__).resolve().parents[1]
+# ratio (server / in-process tokens/s) | null}; server: {slots, context, startup_s, exit_code}; config.
+KIND = BENCH_SERVING_KIND
+MODEL = True
+DEFAULT_SECONDS = 900.0  # without --max-seconds: the bound once the shards are ready
 SERVING = re.compile(r"serving (\S+) on http://([^\s:,]+):(\d+) \((\d+) slots of (\d+) tokens")
 TARGET = "server tokens/s >= 90% of in-process at 64 and 256 clients"
-
-
-def cli(*args: str) -> list[str]:
-    return [sys.executable, "-m", "plamo2_tools.cli", *args]
-
-
-def prepare_shards(args: argparse.Namespace, work: Path) -> Path:
-    """The shard directory: given, or synthesized (`synth --preset`) and converted TP1 x PP1."""
-    if args.shards is not None:
-        return args.shards
-    src, out = work / "hf", work / "shards"
-    dtype = ["--dtype", args.dtype] if args.dtype else []
-    t0 = time.monotonic()
-    subprocess.run(
-        cli("synth", str(src), "--preset", args.synth, *dtype, "--json"), check=True, stdout=subprocess.DEVNULL
-    )
-    subprocess.run(cli("convert", str(src), str(out), "--tp", "1", "--pp", "1", "--json"), check=True,
-                   stdout=subprocess.DEVNULL)  # fmt: skip
-    print(f"synth + convert {args.synth}: {time.monotonic() - t0:.1f} s", flush=True)
-    return out
 
 
 def make_prompts(count: int, mean: int, vocab: int, bos: int | None, seed: int) -> list[list[int]]:
@@ -89,9 +72,22 @@ def make_prompts(count: int, mean: int, vocab: int, bos: int | None, seed: int) 
 # ---- the server ---------------------------------------------------------------------------------------
 class Server:
     def __init__(self, shards: Path, args: argparse.Namespace, slots: int, context: int) -> None:
-        cmd = cli("serve", str(shards), "--port", "0", "--device", args.device, "--max-batch", str(slots),
-                  "--max-context", str(context), "--max-queue", str(slots), *args.server_arg)  # fmt: skip
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+        cmd = cli(
+            "serve",
+            str(shards),
+            "--port",
+            "0",
+            "--device",
+            args.device,
+            "--max-batch",
+            str(slots),
+            "--max-context",
+            str(context),
+            "--max-queue",
+            str(slots),
+            *args.server_arg,
+        )
+        env = tree_env()
         if args.device == "cpu":  # OpenMP threads spinning beside the client processes slow a CPU run many times
             env.setdefault("OMP_NUM_THREADS", "1")
         t0 = time.monotonic()
@@ -175,8 +171,9 @@ async def stream_request(host: str, port: int, body: dict[str, Any]) -> dict[str
         writer.close()
 
 
-def client_process(host: str, port: int, work: list[list[dict[str, Any]]], start_at: float, deadline: float,
-                   results: Any) -> None:  # fmt: skip
+def client_process(
+    host: str, port: int, work: list[list[dict[str, Any]]], start_at: float, deadline: float, results: Any
+) -> None:
     """Run these clients (each a list of requests sent one after the other) from `start_at`."""
 
     async def one_client(bodies: list[dict[str, Any]], out: list[dict[str, float]]) -> None:
@@ -196,15 +193,18 @@ def client_process(host: str, port: int, work: list[list[dict[str, Any]]], start
     results.put(asyncio.run(main()))
 
 
-def run_clients(server: Server, per_client: list[list[dict[str, Any]]], procs: int, deadline: float
-                ) -> tuple[list[dict[str, float]], bool, list[str]]:  # fmt: skip
+def run_clients(
+    server: Server, per_client: list[list[dict[str, Any]]], procs: int, deadline: float
+) -> tuple[list[dict[str, float]], bool, list[str]]:
     """All clients, spread over up to `procs` processes, started together."""
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     groups = [per_client[i::procs] for i in range(min(procs, len(per_client)))]
     start_at = time.monotonic() + 1.0 + 0.2 * len(groups)  # time for the processes to start
-    ps = [ctx.Process(target=client_process, args=(server.host, server.port, g, start_at, deadline, results))
-          for g in groups]  # fmt: skip
+    ps = [
+        ctx.Process(target=client_process, args=(server.host, server.port, g, start_at, deadline, results))
+        for g in groups
+    ]
     for p in ps:
         p.start()
     records, cut, errors = [], False, []
@@ -232,19 +232,41 @@ def summarize(records: list[dict[str, float]]) -> dict[str, Any]:
     tokens = sum(int(r["tokens"]) for r in records)
     ttft = [r["first"] - r["start"] for r in records if r["first"]]
     tpot = [(r["end"] - r["first"]) / (r["tokens"] - 1) for r in records if r["first"] and r["tokens"] > 1]
-    return {"output_tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall if wall > 0 else None,
-            "ttft_p50_s": percentile(ttft, 0.5), "ttft_p99_s": percentile(ttft, 0.99),
-            "tpot_p50_s": percentile(tpot, 0.5), "tpot_p99_s": percentile(tpot, 0.99)}  # fmt: skip
+    return {
+        "output_tokens": tokens,
+        "wall_s": wall,
+        "tokens_per_s": tokens / wall if wall > 0 else None,
+        "ttft_p50_s": percentile(ttft, 0.5),
+        "ttft_p99_s": percentile(ttft, 0.99),
+        "tpot_p50_s": percentile(tpot, 0.5),
+        "tpot_p99_s": percentile(tpot, 0.99),
+    }
 
 
 def bodies(model: str, prompts: list[list[int]], max_tokens: int) -> list[dict[str, Any]]:
-    return [{"model": model, "prompt": p, "max_tokens": max_tokens, "temperature": 0, "stream": True,
-             "ignore_eos": True, "return_token_ids": True} for p in prompts]  # fmt: skip
+    return [
+        {
+            "model": model,
+            "prompt": p,
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "stream": True,
+            "ignore_eos": True,
+            "return_token_ids": True,
+        }
+        for p in prompts
+    ]
 
 
 # ---- in-process ---------------------------------------------------------------------------------------
-def in_process(args: argparse.Namespace, shards: Path, levels: list[tuple[int, list[list[int]]]],
-               server_walls: dict[int, float], deadline: float) -> dict[int, dict[str, Any]]:  # fmt: skip
+def in_process(
+    args: argparse.Namespace,
+    shards: Path,
+    levels: list[tuple[int, list[list[int]]]],
+    server_walls: dict[int, float],
+    deadline: float,
+    result: Result,
+) -> dict[int, dict[str, Any]]:
     import torch
 
     from plamo2_tools.runtime.serving.engine import Runtime
@@ -256,7 +278,7 @@ def in_process(args: argparse.Namespace, shards: Path, levels: list[tuple[int, l
         for n, prompts in levels:
             left = deadline - time.monotonic()
             if left < 2.5 * server_walls.get(n, 0.0) + 5:  # the warm-up and the timed run, with room
-                print(f"in-process N={n}: skipped (out of --max-seconds)", flush=True)
+                result.skip(f"in-process at {n} clients")
                 continue
             rt.generate(prompts[:n], 8, max_batch=n)  # warm-up: this batch's shapes (and graphs)
             if args.device.startswith("cuda"):
@@ -273,108 +295,92 @@ def in_process(args: argparse.Namespace, shards: Path, levels: list[tuple[int, l
 
 
 # ---- the run --------------------------------------------------------------------------------------------
-def run(args: argparse.Namespace) -> dict[str, Any]:
-    t_begin = time.monotonic()
-    levels_n = [int(x) for x in args.clients.split(",") if x]
-    with tempfile.TemporaryDirectory(prefix="plamo2-bench-serve-") as tmp:
-        shards = prepare_shards(args, Path(tmp))
-        deadline = time.monotonic() + args.max_seconds  # synth + convert (minutes for 8b) are not the run's
-        cfg = json.loads((shards / "config.json").read_text())
-        vocab, bos = int(cfg["vocab_size"]), cfg.get("bos_token_id")
-        levels = [
-            (n, make_prompts(n * args.per_client, args.prompt_tokens, vocab, bos, args.seed + n)) for n in levels_n
-        ]
-        longest = max(len(p) for _, ps in levels for p in ps) + args.max_tokens
-        result: dict[str, Any] = {
-            "kind": KIND, "schema_version": SCHEMA_VERSION, "label": args.label,
-            "shards": str(args.shards) if args.shards else f"synth {args.synth} {args.dtype or ''}".strip(),
-            "device": args.device, "target": TARGET,
-            "config": {"clients": levels_n, "per_client": args.per_client, "prompt_tokens": args.prompt_tokens,
-                       "max_tokens": args.max_tokens, "seed": args.seed, "client_procs": args.client_procs,
-                       "server_args": args.server_arg, "max_seconds": args.max_seconds},
-            "runs": [],
-        }  # fmt: skip
-        if args.device.startswith("cuda"):
-            import torch
-
-            result["gpu"] = torch.cuda.get_device_name(0)
-
-        def save() -> None:
-            args.out.write_text(json.dumps(result, indent=2) + "\n")
-
-        server = Server(shards, args, max(levels_n), longest)
-        deadline = max(deadline, time.monotonic() + args.max_seconds / 2)  # start-up is not the clients' time
-        result["server"] = {"slots": server.slots, "context": server.context, "startup_s": server.startup_s}
-        print(f"serve: up in {server.startup_s:.1f} s, {server.slots} slots of {server.context} tokens", flush=True)
-        walls: dict[int, float] = {}
-        try:
-            for n, prompts in levels:
-                if server.proc.poll() is not None or time.monotonic() > deadline - 5:
-                    print(f"server N={n}: skipped (out of --max-seconds)", flush=True)
-                    result["runs"].append({"clients": n, "skipped": True})
-                    continue
-                # Warm-up with this level's own prompt shapes (a new prefill shape compiles and picks
-                # its SSD variant once: session 4 on the H200 saw TTFT p99 of 1.5-4.5 s without it).
-                warm = [[b] for b in bodies(server.model, prompts[:n], 4)]
-                work = bodies(server.model, prompts, args.max_tokens)
-                per_client = [work[i::n] for i in range(n)]  # client i sends requests i, i + n, ...
-                try:
-                    run_clients(server, warm, args.client_procs, deadline)
-                    records, cut, errors = run_clients(server, per_client, args.client_procs, deadline)
-                except Exception as e:  # a client process died or never answered: record it, go on
-                    records, cut, errors = [], True, [f"clients failed: {e!r}"]
-                if server.proc.poll() is not None:
-                    errors.append(f"the server exited with {server.proc.returncode}: {''.join(server.log[-5:])}")
-                rec = {"clients": n, "per_client": args.per_client, "requests": len(records),
-                       "complete": not cut and len(records) == len(prompts), "errors": errors,
-                       **summarize(records)}  # fmt: skip
-                walls[n] = rec["wall_s"] or 0.0
-                result["runs"].append(rec)
-                save()
-                tps = rec["tokens_per_s"] or 0.0
-                ttft = rec["ttft_p50_s"], rec["ttft_p99_s"]
-                note = ("" if rec["complete"] else "  (cut: --max-seconds)") + (
-                    f"  errors: {errors[0]}" if errors else ""
-                )
-                print(f"server     N={n:4d}: {tps:10.1f} tok/s  TTFT p50 {ttft[0] or 0:.3f} s p99 {ttft[1] or 0:.3f} s"
-                      f"{note}", flush=True)  # fmt: skip
-        finally:
-            rc = server.stop()
-            result["server"]["exit_code"] = rc
-        local = in_process(args, shards, [(n, ps) for n, ps in levels if n in walls], walls, deadline)
-        for rec in result["runs"]:
-            ip = local.get(rec["clients"]) if not rec.get("skipped") else None
-            rec["in_process"] = ip
-            rec["ratio"] = (rec["tokens_per_s"] / ip["tokens_per_s"]) if ip and rec.get("tokens_per_s") else None
-        result["wall_seconds"] = time.monotonic() - t_begin
-        save()
-    return result
-
-
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("shards", type=Path, nargs="?", help="a shard directory (else --synth)")
-    ap.add_argument(
-        "--synth", metavar="PRESET", help="synthesize this preset and convert it TP1 x PP1 (e.g. plamo-2-1b)"
-    )
-    ap.add_argument("--dtype", default=None, help="with --synth: bfloat16, float16, float32 (default: the preset's)")
-    ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--label", default="")
-    ap.add_argument("--device", default="cuda")
+def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--clients", default="1,16,64,256", help="concurrency levels")
     ap.add_argument("--per-client", type=int, default=2, help="requests each client sends, one after the other")
     ap.add_argument("--prompt-tokens", type=int, default=256, help="mean prompt length (+-25%%)")
     ap.add_argument("--max-tokens", type=int, default=128, help="tokens of every answer (ignore_eos)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--client-procs", type=int, default=min(8, os.cpu_count() or 1))
-    ap.add_argument("--max-seconds", type=float, default=900.0, help="bound on the whole run")
     ap.add_argument("--start-timeout", type=float, default=600.0, help="seconds the server may take to start")
     ap.add_argument("--server-arg", action="append", default=[], help="an extra `serve` argument (repeat)")
-    args = ap.parse_args()
-    if (args.shards is None) == (args.synth is None):
-        ap.error("give SHARDS or --synth PRESET")
-    run(args)
 
 
-if __name__ == "__main__":
-    main()
+def run(args: argparse.Namespace, result: Result) -> None:
+    levels_n = ints(args.clients)
+    with work_dir(args) as work:
+        _, shards = model_inputs(args, work, result)
+        deadline = result.deadline or time.monotonic() + DEFAULT_SECONDS
+        cfg = json.loads((shards / "config.json").read_text())
+        vocab, bos = int(cfg["vocab_size"]), cfg.get("bos_token_id")
+        levels = [
+            (n, make_prompts(n * args.per_client, args.prompt_tokens, vocab, bos, args.seed + n)) for n in levels_n
+        ]
+        longest = max(len(p) for _, ps in levels for p in ps) + args.max_tokens
+        res = result.results
+        res.update(
+            shards=str(shards),
+            device=args.device,
+            target=TARGET,
+            config={
+                "clients": levels_n,
+                "per_client": args.per_client,
+                "prompt_tokens": args.prompt_tokens,
+                "max_tokens": args.max_tokens,
+                "seed": args.seed,
+                "client_procs": args.client_procs,
+                "server_args": args.server_arg,
+            },
+            runs=[],
+        )
+        server = Server(shards, args, max(levels_n), longest)
+        res["server"] = {"slots": server.slots, "context": server.context, "startup_s": server.startup_s}
+        print(f"serve: up in {server.startup_s:.1f} s, {server.slots} slots of {server.context} tokens", flush=True)
+        walls: dict[int, float] = {}
+        try:
+            for n, prompts in levels:
+                if server.proc.poll() is not None or time.monotonic() > deadline - 5:
+                    result.skip(f"server at {n} clients")
+                    res["runs"].append({"clients": n, "skipped": True})
+                    continue
+                rec = server_level(server, args, n, prompts, deadline)
+                walls[n] = rec["wall_s"] or 0.0
+                res["runs"].append(rec)
+                result.save()
+        finally:
+            res["server"]["exit_code"] = server.stop()
+        local = in_process(args, shards, [(n, ps) for n, ps in levels if n in walls], walls, deadline, result)
+        for rec in res["runs"]:
+            ip = local.get(rec["clients"]) if not rec.get("skipped") else None
+            rec["in_process"] = ip
+            rec["ratio"] = (rec["tokens_per_s"] / ip["tokens_per_s"]) if ip and rec.get("tokens_per_s") else None
+        result.save()
+
+
+def server_level(
+    server: Server, args: argparse.Namespace, n: int, prompts: list[list[int]], deadline: float
+) -> dict[str, Any]:
+    """N closed-loop clients, after a warm-up with this level's own prompt shapes (a new prefill shape
+    compiles and picks its SSD variant once: session 4 on the H200 saw TTFT p99 of 1.5-4.5 s without it)."""
+    warm = [[b] for b in bodies(server.model, prompts[:n], 4)]
+    work = bodies(server.model, prompts, args.max_tokens)
+    per_client = [work[i::n] for i in range(n)]  # client i sends requests i, i + n, ...
+    try:
+        run_clients(server, warm, args.client_procs, deadline)
+        records, cut, errors = run_clients(server, per_client, args.client_procs, deadline)
+    except Exception as e:  # a client process died or never answered: record it, go on
+        records, cut, errors = [], True, [f"clients failed: {e!r}"]
+    if server.proc.poll() is not None:
+        errors.append(f"the server exited with {server.proc.returncode}: {''.join(server.log[-5:])}")
+    rec = {
+        "clients": n,
+        "per_client": args.per_client,
+        "requests": len(records),
+        "complete": not cut and len(records) == len(prompts),
+        "errors": errors,
+        **summarize(records),
+    }
+    tps, ttft = rec["tokens_per_s"] or 0.0, (rec["ttft_p50_s"] or 0, rec["ttft_p99_s"] or 0)
+    note = ("" if rec["complete"] else "  (cut: --max-seconds)") + (f"  errors: {errors[0]}" if errors else "")
+    print(f"server     N={n:4d}: {tps:10.1f} tok/s  TTFT p50 {ttft[0]:.3f} s p99 {ttft[1]:.3f} s{note}", flush=True)
+    return rec
