@@ -89,11 +89,10 @@ def model_bytes(rt: Runtime) -> dict[str, int]:
         if t is not None and t.data_ptr() not in seen:
             seen.add(t.data_ptr())
             weights += t.numel() * t.element_size()
-    states = eng.new_states(1, 1)
-    ssm = sum(st.ssm.numel() * st.ssm.element_size() + st.conv.numel() * st.conv.element_size()
-              for st in states.values() if st.ssm is not None)  # fmt: skip
-    kv = {i: 2 * st.k.numel() * st.k.element_size() for i, st in states.items() if st.k is not None}
-    return {"weights": weights, "state_per_seq": 2 * ssm, "kv_per_token": sum(kv.values()), "kv_per_layer": kv}
+    per_seq = {i: st.bytes_per_sequence() for i, st in eng.new_states(1, 1).items()}  # (fixed, per token)
+    fixed = sum(f for f, _ in per_seq.values())
+    kv = {i: t for i, (_, t) in per_seq.items() if t}
+    return {"weights": weights, "state_per_seq": 2 * fixed, "kv_per_token": sum(kv.values()), "kv_per_layer": kv}
 
 
 def visible_kv_bytes(rt: Runtime, kv_per_layer: dict[int, int], context: int) -> int:

@@ -15,7 +15,7 @@ from rich.table import Table
 
 from ..errors import CheckFailed, UserError
 from .console import RequestProgress, err, out, print_json, step_progress
-from .options import Backend, CudaGraph, Device, Json, Launch, NoVerify, TrustRemoteCode, WindowConvention
+from .options import Backend, CudaGraph, Device, ForwardOption, Json, Launch, NoVerify, TrustRemoteCode
 from .validators import (
     check_output_file,
     check_runtime_options,
@@ -25,6 +25,7 @@ from .validators import (
     int_list,
     is_shard_dir,
     parse_batch_size,
+    runtime_args,
 )
 
 
@@ -35,7 +36,7 @@ def logits(
     precision: Annotated[str, typer.Option(help="Reference forward precision: float64 or float32.")] = "float64",
     backend: Backend = "auto",
     device: Device = "cpu",
-    window_convention: WindowConvention = None,
+    option: ForwardOption = None,
     no_verify: NoVerify = False,
 ) -> None:
     """Logits of one token sequence, written as a float32 .npy array of shape (tokens, vocab):
@@ -47,7 +48,7 @@ def logits(
     if not ids:
         raise UserError("--input-ids needs at least one token id")
     check_output_file(out_file, "--out")
-    options = forward_options(window_convention)
+    options = forward_options(option)
     if is_shard_dir(path):
         from ..runtime.serving.engine import load_engine
         from ..shards.manifest import load_manifest
@@ -142,7 +143,7 @@ def verify(
     prefill_chunk: Annotated[
         int | None, typer.Option(help="Prefill at most this many tokens per sequence per step.")
     ] = None,
-    window_convention: WindowConvention = None,
+    option: ForwardOption = None,
     output: Annotated[Path | None, typer.Option(help="Also write the JSON result to this file.")] = None,
     no_verify: NoVerify = False,
     as_json: Json = False,
@@ -175,7 +176,7 @@ def verify(
         result = run(
             shards, reference, prompt_ids, source, max_new_tokens, launch, device, backend, precision, prefill_chunk,
             reference_device, verify_files=not no_verify, progress=progress,
-            forward_options=forward_options(window_convention),
+            forward_options=forward_options(option),
         )  # fmt: skip
     if output is not None:
         output.write_text(json.dumps(result, indent=2) + "\n")
@@ -210,7 +211,7 @@ def generate(
     device: Device = "cpu",
     backend: Backend = "auto",
     trust_remote_code: TrustRemoteCode = False,
-    window_convention: WindowConvention = None,
+    option: ForwardOption = None,
     no_verify: NoVerify = False,
     cuda_graph: CudaGraph = True,
     as_json: Json = False,
@@ -223,20 +224,26 @@ def generate(
     """
     if (prompt is None) == (input_file is None):
         raise UserError("give either --prompt TEXT or --input FILE (with --output FILE)")
+    check_sampling(temperature, top_p, max_new_tokens)
+    sampling = {"max_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p, "seed": seed}
+    run = runtime_args(shards, device, backend, option, no_verify, trust_remote_code, cuda_graph)
     if input_file is not None:
-        generate_file(shards, input_file, output, strict, max_batch, max_new_tokens, temperature, top_p, seed, device,
-                      backend, trust_remote_code, window_convention, no_verify, cuda_graph, as_json)  # fmt: skip
-        return
-    if output is not None or strict:
+        generate_file(input_file, output, strict, max_batch, sampling, run, as_json)
+    elif output is not None or strict:
         raise UserError("--output and --strict go with --input")
+    else:
+        generate_prompt(prompt, sampling, run, as_json)
+
+
+def generate_prompt(prompt: str, sampling: dict[str, Any], run: dict[str, Any], as_json: bool) -> None:
+    """`generate --prompt`: one continuation, streamed to stdout as it is generated."""
     from ..runtime.serving.engine import Runtime, load_tokenizer
     from ..runtime.serving.text import TextStream, decode_kept_specials, stop_token_ids
     from ..shards.manifest import load_manifest
 
-    check_sampling(temperature, top_p, max_new_tokens)
-    check_runtime_options(device, backend)
+    shards, max_new_tokens = Path(run["shards"]), sampling["max_tokens"]
     cfg = load_manifest(shards).config
-    tok = load_tokenizer(shards, trust_remote_code=trust_remote_code)
+    tok = load_tokenizer(shards, trust_remote_code=run["trust_remote_code"])
     ids = list(tok(prompt)["input_ids"])
     if not ids:
         raise UserError("--prompt: the prompt has no tokens")
@@ -245,11 +252,7 @@ def generate(
     show = (as_json or not sys.stdout.isatty()) and os.environ.get("RANK", "0") == "0"
     bar = step_progress("generate", max_new_tokens, enabled=show)
     decode = decode_kept_specials(tok)
-    with (
-        Runtime(shards, device=device, backend=backend, verify_files=not no_verify, cuda_graph=cuda_graph,
-                forward_options=forward_options(window_convention)) as rt,
-        bar as progress,
-    ):  # fmt: skip
+    with Runtime(**run) as rt, bar as progress:
         stream = TextStream(decode)
 
         def on_token(i: int, token: int) -> None:
@@ -260,8 +263,9 @@ def generate(
                 sys.stdout.flush()
 
         start = time.perf_counter()
-        gen = rt.generate([ids], max_new_tokens, eos_token_ids=stop_token_ids(shards, tok), temperature=temperature,
-                          top_p=top_p, seed=seed, on_token=on_token)  # fmt: skip
+        gen = rt.generate([ids], max_new_tokens, eos_token_ids=stop_token_ids(shards, tok),
+                          temperature=sampling["temperature"], top_p=sampling["top_p"], seed=sampling["seed"],
+                          on_token=on_token)  # fmt: skip
         seconds = time.perf_counter() - start
         if not rt.is_main:
             return
@@ -274,10 +278,8 @@ def generate(
             err.print(f"{len(tokens)} tokens in {seconds:.2f} s ({len(tokens) / max(seconds, 1e-9):.1f} tokens/s)")
 
 
-def generate_file(shards: Path, input_file: Path, output: Path | None, strict: bool, max_batch: str,
-                  max_new_tokens: int, temperature: float, top_p: float, seed: int, device: str, backend: str,
-                  trust_remote_code: bool, window_convention: str | None, no_verify: bool, cuda_graph: bool,
-                  as_json: bool) -> None:  # fmt: skip
+def generate_file(input_file: Path, output: Path | None, strict: bool, max_batch: str, sampling: dict[str, Any],
+                  run: dict[str, Any], as_json: bool) -> None:  # fmt: skip
     """`generate --input`: the batch file through the online loop (serve/batch.py)."""
     from ..shards.manifest import load_manifest
 
@@ -288,24 +290,17 @@ def generate_file(shards: Path, input_file: Path, output: Path | None, strict: b
     if output.resolve() == input_file.resolve():
         raise UserError("--output must not be the --input file")
     check_output_file(output, "--output")
-    check_sampling(temperature, top_p, max_new_tokens)
-    check_runtime_options(device, backend)
     batch = parse_batch_size(max_batch)
     if batch != "auto" and int(batch) < 1:
         raise UserError(f"--max-batch {max_batch}: must be >= 1 or auto")
-    load_manifest(shards)
+    load_manifest(run["shards"])
     from ..runtime.serving.engine import Runtime
     from ..serve.batch import run_batch
 
     main = os.environ.get("RANK", "0") == "0"
     bar = RequestProgress(enabled=main and not as_json)
-    defaults = {"max_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p, "seed": seed}
-    with (
-        Runtime(shards, device=device, backend=backend, verify_files=not no_verify, cuda_graph=cuda_graph,
-                trust_remote_code=trust_remote_code, forward_options=forward_options(window_convention)) as rt,
-        bar,
-    ):  # fmt: skip
-        summary = run_batch(rt, str(input_file), str(output), defaults, strict, batch,
+    with Runtime(**run) as rt, bar:
+        summary = run_batch(rt, str(input_file), str(output), sampling, strict, batch,
                             on_start=bar.start, on_result=bar.result,
                             on_refused=lambda n, why: bar.warn(f"--input line {n}: {why}"))  # fmt: skip
     if summary is None:  # a torchrun rank other than 0

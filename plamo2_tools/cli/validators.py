@@ -70,9 +70,35 @@ def check_runtime_options(device: str, backend: str) -> None:
     check_backend(backend, device)
 
 
-def forward_options(window_convention: str | None) -> dict[str, Any]:
-    """The family forward options a command was given (checked against the family when loaded)."""
-    return {} if window_convention is None else {"window_convention": window_convention}
+def forward_options(items: list[str] | None) -> dict[str, str]:
+    """`--option KEY=VALUE` (repeatable) as a dict; the family checks keys and values when the
+    model loads (`Family.check_runtime_options`)."""
+    options: dict[str, str] = {}
+    for item in items or []:
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip():
+            raise UserError(f"--option {item!r}: expected KEY=VALUE")
+        if key.strip() in options:
+            raise UserError(f"--option {key.strip()}: given twice")
+        options[key.strip()] = value.strip()
+    return options
+
+
+def runtime_args(shards: Path, device: str, backend: str, option: list[str] | None, no_verify: bool = False,
+                 trust_remote_code: bool = False, cuda_graph: bool = True) -> dict[str, Any]:  # fmt: skip
+    """The `Runtime` keyword arguments of the options every command that serves the model shares,
+    checked once (device, backend, the `--option` syntax; the family checks the options' names
+    and values when the shards load)."""
+    check_runtime_options(device, backend)
+    return {
+        "shards": str(shards),
+        "device": device,
+        "backend": backend,
+        "trust_remote_code": trust_remote_code,
+        "cuda_graph": cuda_graph,
+        "verify_files": not no_verify,
+        "forward_options": forward_options(option),
+    }
 
 
 def is_shard_dir(path: Path) -> bool:

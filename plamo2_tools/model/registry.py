@@ -84,6 +84,12 @@ def load_config(path: str | Path) -> Any:
     return config_from_dict(raw, str(path))
 
 
+def runtime_options_help() -> str:
+    """What `--option` can choose, from the registered families' declarations (for `--help`)."""
+    lines = [f"{f.name}: {o.describe()}" for f in FAMILIES for o in f.runtime_options]
+    return "; ".join(lines) if lines else "no registered family has any"
+
+
 # ---- inventory, through the family's table ---------------------------------------------------------
 def hf_tensor_shapes(cfg: Any) -> dict[str, tuple[int, ...]]:
     """The tensor inventory of an HF checkpoint of this config, in the model's own order."""

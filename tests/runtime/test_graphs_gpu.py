@@ -39,7 +39,7 @@ def prompts(vocab: int, lengths: list[int], seed: int = 0) -> list[list[int]]:
 def snapshot(runner) -> list[torch.Tensor]:
     tensors = [runner.ids, runner.pos, runner.keys, runner.steps, runner.next]
     for st in runner.states.values():
-        tensors += [t for t in (st.conv, st.ssm, st.k, st.v) if t is not None]
+        tensors += list(st.tensors().values())
     return tensors
 
 

@@ -6,6 +6,7 @@ the embedding, the head and the four-norm layer every PLaMo family shares).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -13,10 +14,10 @@ import torch
 from ..forward import (
     Batch,
     Comm,
-    LayerState,
+    KVCache,
+    MixerState,
     PlamoLayer,
     RankModel,
-    kv_state,
     layer_weights,
     mixer_weights,
     rope_cos_sin,
@@ -25,6 +26,14 @@ from .config import Plamo2Config
 from .tensors import RankSizes
 
 Tensor = torch.Tensor
+
+
+@dataclass
+class MambaState(MixerState):
+    """A Mamba layer's state: a fixed size per sequence, whatever its length."""
+
+    conv: Tensor  # (S, I/tp, K-1): the last K-1 raw conv inputs, oldest first
+    ssm: Tensor  # (S, Hm/tp, d, N) float32
 
 
 class MambaMixer:
@@ -40,16 +49,16 @@ class MambaMixer:
         self.B_norm, self.C_norm, self.dt_norm = w["B_norm.weight"], w["C_norm.weight"], w["dt_norm.weight"]
         self.out_proj = w["out_proj.weight"]
 
-    def new_state(self, batch: int, capacity: int, dtype: torch.dtype, device: torch.device) -> LayerState:
+    def new_state(self, batch: int, capacity: int, dtype: torch.dtype, device: torch.device) -> MambaState:
         cfg = self.cfg
-        return LayerState(
+        return MambaState(
             conv=torch.zeros(batch, self.inner, cfg.mamba_d_conv - 1, dtype=dtype, device=device),
             ssm=torch.zeros(
                 batch, self.heads, cfg.hidden_size_per_head, cfg.mamba_d_state, dtype=torch.float32, device=device
             ),  # fmt: skip
         )
 
-    def __call__(self, a: Tensor, batch: Batch, state: LayerState, context: dict[Any, Any]) -> Tensor:
+    def __call__(self, a: Tensor, batch: Batch, state: MambaState, context: dict[Any, Any]) -> Tensor:
         ops, cfg = self.ops, self.cfg
         T, d, eps = a.shape[0], cfg.hidden_size_per_head, cfg.rms_norm_eps
         zx = ops.linear(a, self.in_proj)
@@ -87,10 +96,10 @@ class AttentionMixer:
         self.rope_base = cfg.rope_base(layer)  # PLaMo 2.1: per layer
         self.scale = d**-0.5
 
-    def new_state(self, batch: int, capacity: int, dtype: torch.dtype, device: torch.device) -> LayerState:
-        return kv_state(batch, capacity, self.kv_heads, self.cfg.hidden_size_per_head, dtype, device)
+    def new_state(self, batch: int, capacity: int, dtype: torch.dtype, device: torch.device) -> KVCache:
+        return KVCache.zeros(batch, capacity, self.kv_heads, self.cfg.hidden_size_per_head, dtype, device)
 
-    def __call__(self, a: Tensor, batch: Batch, state: LayerState, context: dict[Any, Any]) -> Tensor:
+    def __call__(self, a: Tensor, batch: Batch, state: KVCache, context: dict[Any, Any]) -> Tensor:
         ops, cfg = self.ops, self.cfg
         T, d = a.shape[0], cfg.hidden_size_per_head
         # q/k norms, RoPE (fp32 tables) and the K/V cache writes in one launch (about 16 unfused).

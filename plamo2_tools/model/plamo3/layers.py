@@ -14,10 +14,9 @@ import torch
 from ..forward import (
     Batch,
     Comm,
-    LayerState,
+    KVCache,
     PlamoLayer,
     RankModel,
-    kv_state,
     layer_weights,
     mixer_weights,
     rope_cos_sin,
@@ -43,10 +42,10 @@ class AttentionMixer:
         self.rope_kind = cfg.layer_types[layer]
         self.scale = cfg.head_dim**-0.5
 
-    def new_state(self, batch: int, capacity: int, dtype: torch.dtype, device: torch.device) -> LayerState:
-        return kv_state(batch, capacity, self.kv_heads, self.cfg.head_dim, dtype, device)
+    def new_state(self, batch: int, capacity: int, dtype: torch.dtype, device: torch.device) -> KVCache:
+        return KVCache.zeros(batch, capacity, self.kv_heads, self.cfg.head_dim, dtype, device)
 
-    def __call__(self, a: Tensor, batch: Batch, state: LayerState, context: dict[Any, Any]) -> Tensor:
+    def __call__(self, a: Tensor, batch: Batch, state: KVCache, context: dict[Any, Any]) -> Tensor:
         T, d, ops = a.shape[0], self.cfg.head_dim, self.ops
         q = ops.qk_norm_rope(
             ops.linear(a, self.qkv_proj), self.q_norm, self.k_norm, self.cfg.rms_norm_eps, *context[self.rope_kind],

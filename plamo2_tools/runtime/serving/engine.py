@@ -24,7 +24,7 @@ import torch.distributed as dist
 from ...errors import UserError
 from ...kernels import get_ops
 from ...model import family_of
-from ...model.forward import Comm, LayerState
+from ...model.forward import Comm, MixerState
 from ...parallel import RankInfo
 from ...shards.integrity import verify_shard_files
 from ...shards.manifest import Manifest, load_manifest
@@ -95,7 +95,7 @@ class RankEngine(RankCore):
         # builds its engine at the same point).
         self.control = dist.new_group(backend="gloo") if isinstance(comm, DistComm) and info.world_size > 1 else None
 
-    def _prefill(self, seqs: Sequence[Sequence[int]], states: dict[int, LayerState], all_logits: bool) -> Tensor | None:
+    def _prefill(self, seqs: Sequence[Sequence[int]], states: dict[int, MixerState], all_logits: bool) -> Tensor | None:
         """Run the prompts in chunks of at most `prefill_chunk` tokens per sequence.
 
         Returns, on the last stage, float32 logits of every prompt token (packed) or of the last
