@@ -28,6 +28,7 @@ FOUNDATION = {
     "safetensors_io",
     "digest",
     "outputs",
+    "token_ids",
     "__init__",
 }
 # PLaMo's tokenizer format is a leaf (it imports only errors); synth writes one for every checkpoint.

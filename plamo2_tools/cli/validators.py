@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import EnvironmentLimitError, UserError
+from ..token_ids import check_token_ids
 
 
 def int_list(text: str | None, what: str) -> list[int] | None:
@@ -45,9 +46,7 @@ def check_output_dir(path: Path, option: str) -> None:
 def check_tokens(ids: list[int], cfg: Any, new_tokens: int, what: str) -> None:
     """Token ids inside the vocabulary, and the sequence (with the tokens to generate) inside the
     model's positions."""
-    bad = sorted({t for t in ids if not 0 <= t < cfg.vocab_size})
-    if bad:
-        raise UserError(f"{what}: token id(s) {bad[:5]} outside the vocabulary [0, {cfg.vocab_size})")
+    check_token_ids([ids], cfg.vocab_size, what)
     limit = cfg.max_position_embeddings
     if len(ids) + new_tokens > limit:
         extra = f" + {new_tokens} new tokens" if new_tokens else ""

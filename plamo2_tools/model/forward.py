@@ -21,6 +21,7 @@ from typing import Any, ClassVar, Protocol, TypeVar
 import torch
 
 from ..parallel import RankInfo
+from .plamo import NORM_OFFSETS
 
 Tensor = torch.Tensor
 StateT = TypeVar("StateT", bound="MixerState")
@@ -157,7 +158,7 @@ class Mixer(Protocol):
     def new_state(self, batch: int, capacity: int, dtype: torch.dtype, device: torch.device) -> MixerState: ...
 
 
-PLAMO_NORMS = ("pre_mixer_norm", "post_mixer_norm", "pre_mlp_norm", "post_mlp_norm")
+PLAMO_NORMS = tuple(NORM_OFFSETS)  # pre-mixer, post-mixer, pre-MLP, post-MLP
 
 
 class PlamoLayer:
@@ -273,4 +274,17 @@ class RankModel:
         return (logits[:, : self.cfg.vocab_size],)
 
 
-LayerBuilder = Callable[[int, dict[str, Tensor]], PlamoLayer]
+# (layer index, the mixer's weights by name relative to "mixer.", the rank's sizes) -> the mixer
+MixerBuilder = Callable[[int, dict[str, Tensor], Any], Mixer]
+
+
+def plamo_layers(family: Any, cfg: Any, stage: tuple[int, int], weights: dict[str, Tensor], ops: Any, comm: Comm,
+                 mixer: MixerBuilder) -> tuple[list[PlamoLayer], Any]:  # fmt: skip
+    """The PLaMo layers of one PP stage around the mixers a family builds, and the rank's sizes
+    (`Family.rank_sizes`: what the tensor table's split rules give this TP rank)."""
+    sizes = family.rank_sizes(cfg, comm.info.tp, comm.info.tp_rank)
+    layers = []
+    for i in range(*stage):
+        w = layer_weights(weights, family.layer_prefix.format(i))
+        layers.append(PlamoLayer(i, mixer(i, mixer_weights(w), sizes), w, cfg.rms_norm_eps, ops, comm))
+    return layers, sizes

@@ -9,6 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TypeVar
 
+from ..token_ids import first_outside
 from .engine_api import Engine, GenerationRequest, ModelInfo
 from .protocol import ApiError, bad_request
 
@@ -49,8 +50,9 @@ class TokenizerThread:
 def check_token_ids(ids: Sequence[int], info: ModelInfo, what: str, param: str = "prompt") -> None:
     if not ids:
         raise bad_request(f"{what} is empty", param=param)
-    if min(ids) < 0 or max(ids) >= info.vocab_size:
-        pos, bad = next((p, t) for p, t in enumerate(ids) if not 0 <= t < info.vocab_size)
+    outside = first_outside(ids, info.vocab_size)
+    if outside is not None:
+        pos, bad = outside
         raise bad_request(
             f"token id {bad} at position {pos} of {what} is outside the vocabulary (0 .. {info.vocab_size - 1})",
             param=param,

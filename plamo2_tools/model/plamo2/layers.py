@@ -16,10 +16,8 @@ from ..forward import (
     Comm,
     KVCache,
     MixerState,
-    PlamoLayer,
     RankModel,
-    layer_weights,
-    mixer_weights,
+    plamo_layers,
     rope_cos_sin,
 )
 from .config import Plamo2Config
@@ -121,16 +119,12 @@ class Plamo2RankModel(RankModel):
 
 
 def build_rank_model(family: Any, cfg: Plamo2Config, stage: tuple[int, int], weights: dict[str, Tensor], ops: Any,
-                     comm: Comm, dtype: torch.dtype | None = None, **options: Any) -> Plamo2RankModel:  # fmt: skip
-    info = comm.info
-    sizes = family.rank_sizes(cfg, info.tp, info.tp_rank)  # the tensor table's split rules
-    layers = []
-    for i in range(*stage):
-        w = layer_weights(weights, family.layer_prefix.format(i))
+                     comm: Comm, dtype: torch.dtype | None = None) -> Plamo2RankModel:  # fmt: skip
+    def mixer(i: int, w: dict[str, Tensor], sizes: RankSizes) -> Any:
         if cfg.layer_is_mamba[i]:
-            mixer: Any = MambaMixer(cfg, mixer_weights(w), sizes, ops, comm)
-        else:
-            mixer = AttentionMixer(cfg, mixer_weights(w), sizes, i, ops, comm)
-        layers.append(PlamoLayer(i, mixer, w, cfg.rms_norm_eps, ops, comm))
+            return MambaMixer(cfg, w, sizes, ops, comm)
+        return AttentionMixer(cfg, w, sizes, i, ops, comm)
+
+    layers, sizes = plamo_layers(family, cfg, stage, weights, ops, comm, mixer)
     act = dtype or next(iter(weights.values())).dtype
     return Plamo2RankModel(cfg, layers, weights, ops, comm, (sizes.vocab_start, sizes.vocab_rows), act)

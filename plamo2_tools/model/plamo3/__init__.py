@@ -18,8 +18,9 @@ from typing import Any
 from ...parallel import Mapping
 from ..family import Family, RuntimeOption, Variant
 from ..layout import block, layer_of
+from ..plamo import FINAL_NORM_OFFSET, NORM_OFFSETS
 from . import tensors as table
-from .config import FINAL_NORM_OFFSET, FULL, NORM_OFFSETS, QK_NORM_OFFSET, Plamo3Config
+from .config import FULL, QK_NORM_OFFSET, Plamo3Config
 from .presets import PRESETS, TINY_PRESETS
 
 WINDOW_CONVENTION = RuntimeOption(

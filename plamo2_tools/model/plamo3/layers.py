@@ -15,10 +15,8 @@ from ..forward import (
     Batch,
     Comm,
     KVCache,
-    PlamoLayer,
     RankModel,
-    layer_weights,
-    mixer_weights,
+    plamo_layers,
     rope_cos_sin,
 )
 from .config import Plamo3Config
@@ -82,15 +80,12 @@ class Plamo3RankModel(RankModel):
 
 
 def build_rank_model(family: Any, cfg: Plamo3Config, stage: tuple[int, int], weights: dict[str, Tensor], ops: Any,
-                     comm: Comm, dtype: torch.dtype | None = None, window_convention: str = "hf",
-                     **options: Any) -> Plamo3RankModel:  # fmt: skip
-    info = comm.info
-    sizes = family.rank_sizes(cfg, info.tp, info.tp_rank)
-    layers = []
-    for i in range(*stage):
-        w = layer_weights(weights, family.layer_prefix.format(i))
-        mixer = AttentionMixer(cfg, mixer_weights(w), sizes, i, ops, comm, window_convention)
-        layers.append(PlamoLayer(i, mixer, w, cfg.rms_norm_eps, ops, comm))
+                     comm: Comm, dtype: torch.dtype | None = None,
+                     window_convention: str = "hf") -> Plamo3RankModel:  # fmt: skip
+    def mixer(i: int, w: dict[str, Tensor], sizes: RankSizes) -> AttentionMixer:
+        return AttentionMixer(cfg, w, sizes, i, ops, comm, window_convention)
+
+    layers, sizes = plamo_layers(family, cfg, stage, weights, ops, comm, mixer)
     if "lm_head.weight" in weights and not cfg.tie_word_embeddings:
         # vLLM's untied head holds extra rows after each rank's vocabulary block (zeros, never
         # loaded); the logits of this rank are its first vocab_rows.

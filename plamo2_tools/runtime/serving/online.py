@@ -38,6 +38,7 @@ from typing import Any, Literal
 import torch.distributed as dist
 
 from ...errors import UserError
+from ...token_ids import check_token_ids
 from .engine import RankEngine, Runtime, TokenScores
 from .generation import GenerationLoop, LoopStats
 from .memory import BatchPlan
@@ -409,9 +410,7 @@ class OnlineLoop:
         if len(prompt) + request.max_tokens > self.capacity:
             raise UserError(f"prompt ({len(prompt)} tokens) + max_tokens ({request.max_tokens}) exceeds the "
                             f"loop's context of {self.capacity} tokens")  # fmt: skip
-        V = self.runtime.config.vocab_size
-        if any(not 0 <= t < V for t in prompt):
-            raise UserError(f"token ids must be in [0, {V})")
+        check_token_ids([prompt], self.runtime.config.vocab_size, "the prompt")
         seed = request.seed if request.seed is not None else random.getrandbits(63)
         with self.lock:
             if self.closed or self.error is not None or not self.alive:
