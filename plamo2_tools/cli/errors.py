@@ -20,8 +20,8 @@ import typer
 from rich.markup import escape
 from typer.core import TyperGroup
 
-from .. import __version__
 from ..errors import BUG_EXIT_CODE, ENVIRONMENT_ERRNOS, REPORT_BUGS_TO, Plamo2Error
+from ..version import __version__
 from .console import err
 
 # Typer's own click (a vendored copy in recent Typer, the click package in older ones): its

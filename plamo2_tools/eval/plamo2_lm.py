@@ -30,11 +30,11 @@ from lm_eval.models.utils import Collator, has_bos_prefix, maybe_truncate
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from tqdm import tqdm
 
-from .. import __version__
 from ..dtypes import dtype_name
 from ..errors import UserError
 from ..kernels.devices import check_backend, check_device
 from ..runtime.serving.engine import Runtime, load_tokenizer
+from ..version import __version__
 from .stop_rules import (
     DEFAULT_MAX_GEN_TOKS,
     GenSettings,

@@ -17,9 +17,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from .. import __version__
 from ..errors import EnvironmentLimitError, UserError
 from ..safe_files import create_fresh, write_all
+from ..version import __version__
 from . import bench_convert, bench_kernels, bench_runtime, bench_serve, checks, lmeval, tools, verify
 from .context import Context
 from .inputs import (
