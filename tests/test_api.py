@@ -15,6 +15,11 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def python_ok(code: str) -> None:
+    """`code` in a fresh interpreter (nothing imported yet) exits 0."""
+    python_ok(code)
+
+
 def documented_example() -> str:
     text = (ROOT / "docs" / "api.md").read_text()
     match = re.search(r"```python\n(.*?)```", text, flags=re.S)
@@ -71,8 +76,7 @@ def test_importing_the_package_loads_no_torch() -> None:
         "try:\n    plamo2_tools.no_such_name\nexcept AttributeError:\n    pass\nelse:\n    raise SystemExit(1)\n"
         "assert {'load', 'generate', 'score', 'eval', 'Runtime'} <= set(dir(plamo2_tools))\n"
     )
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
-    assert r.returncode == 0, r.stderr
+    python_ok(code)
 
 
 def test_verify_takes_prompts_and_options(checkpoint: Any, shards: Any) -> None:
@@ -97,5 +101,4 @@ def test_the_functions_keep_their_names_after_their_modules_load() -> None:
         "assert all(callable(f) and f.__module__ == 'plamo2_tools.api' for f in (convert, eval, verify))\n"
         "assert callable(compare) and engine.__name__ == 'plamo2_tools.convert.engine'\n"
     )
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
-    assert r.returncode == 0, r.stderr
+    python_ok(code)

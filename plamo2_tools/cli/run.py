@@ -24,7 +24,7 @@ from .validators import (
     forward_options,
     int_list,
     is_shard_dir,
-    parse_batch_size,
+    parse_max_batch,
     runtime_args,
 )
 
@@ -290,9 +290,7 @@ def generate_file(input_file: Path, output: Path | None, strict: bool, max_batch
     if output.resolve() == input_file.resolve():
         raise UserError("--output must not be the --input file")
     check_output_file(output, "--output")
-    batch = parse_batch_size(max_batch)
-    if batch != "auto" and int(batch) < 1:
-        raise UserError(f"--max-batch {max_batch}: must be >= 1 or auto")
+    batch = parse_max_batch(max_batch)
     load_manifest(run["shards"])
     from ..runtime.serving.engine import Runtime
     from ..serve.batch import run_batch

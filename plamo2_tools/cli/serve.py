@@ -13,7 +13,7 @@ import typer
 from ..errors import EnvironmentLimitError, UserError
 from ..serve import API_KEY_ENV  # the package's __init__ imports nothing heavy
 from .options import Backend, CudaGraph, Device, ForwardOption, Launch, NoVerify, TrustRemoteCode
-from .validators import parse_batch_size, runtime_args
+from .validators import parse_max_batch, runtime_args
 
 DEFAULT_HOST = "127.0.0.1"
 
@@ -69,7 +69,7 @@ def serve(
         "model_id": names[0],
         "host": host,
         "port": port,
-        "loop": {"max_batch": max_batch_of(max_batch), "max_context": max_context, "sync_every": sync_every},
+        "loop": {"max_batch": parse_max_batch(max_batch), "max_context": max_context, "sync_every": sync_every},
         "server": {"served_model_names": names[1:], "max_queue": max_queue, "max_body_bytes": max_body_bytes},
         "shutdown_timeout": shutdown_timeout,
         "log_level": "info" if logging.getLogger().isEnabledFor(logging.INFO) else "warning",
@@ -86,13 +86,6 @@ def serve(
     sock = bind(host, port) if _is_rank0() else None
     with Runtime(**run, mode="auto") as rt:
         serve_job(rt, **args, api_key=api_key, sock=sock)
-
-
-def max_batch_of(text: str) -> int | str:
-    batch = parse_batch_size(text)
-    if batch != "auto" and int(batch) < 1:
-        raise UserError(f"--max-batch {text}: must be >= 1 or auto")
-    return batch
 
 
 def check_service_args(args: dict[str, Any], api_key: str | None) -> None:

@@ -130,6 +130,14 @@ def parse_batch_size(text: str) -> int | str:
         raise UserError(f'--batch-size must be a number or "auto", got {text!r}') from None
 
 
+def parse_max_batch(text: str) -> int | str:
+    """--max-batch of generate --input and serve: decode slots (>= 1) or "auto"."""
+    batch = parse_batch_size(text)
+    if batch != "auto" and int(batch) < 1:
+        raise UserError(f"--max-batch {text}: must be >= 1 or auto")
+    return batch
+
+
 def check_eval_numbers(
     batch_size: int | str, max_gen_toks: int, max_length: int | None, num_fewshot: int | None, bootstrap_iters: int
 ) -> None:
