@@ -17,7 +17,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def python_ok(code: str) -> None:
     """`code` in a fresh interpreter (nothing imported yet) exits 0."""
-    python_ok(code)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
 
 
 def documented_example() -> str:
