@@ -152,10 +152,10 @@ def run(args: argparse.Namespace, result: Result) -> None:
 
 
 def evaluate(args: argparse.Namespace, shards: Path) -> dict[str, Any]:
+    from plamo2_tools import Runtime
     from plamo2_tools.eval.gsm8k_task import load_gsm8k_data
     from plamo2_tools.eval.harness import EvalRequest, evaluate_model
     from plamo2_tools.eval.plamo2_lm import Plamo2LM
-    from plamo2_tools.runtime.serving.engine import Runtime
     from plamo2_tools.runtime.serving.generation import LoopStats, PhaseTimer
 
     with tempfile.TemporaryDirectory(prefix="plamo2-bench-gsm8k-") as tmp:

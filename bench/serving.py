@@ -269,7 +269,7 @@ def in_process(
 ) -> dict[int, dict[str, Any]]:
     import torch
 
-    from plamo2_tools.runtime.serving.engine import Runtime
+    from plamo2_tools import Runtime
 
     out: dict[int, dict[str, Any]] = {}
     if args.device == "cpu":

@@ -108,14 +108,12 @@ def model_bytes(rt: Any) -> dict[str, Any]:
         if t is not None and t.data_ptr() not in seen:
             seen.add(t.data_ptr())
             weights += t.numel() * t.element_size()
-    states = eng.new_states(1, 1)
-    ssm = sum(
-        st.ssm.numel() * st.ssm.element_size() + st.conv.numel() * st.conv.element_size()
-        for st in states.values()
-        if st.ssm is not None
-    )
-    kv = {i: 2 * st.k.numel() * st.k.element_size() for i, st in states.items() if st.k is not None}
-    return {"weights": weights, "state_per_seq": 2 * ssm, "kv_per_token": sum(kv.values()), "kv_per_layer": kv}
+    # Each mixer state knows its bytes: (fixed, per position) for one sequence (model/forward.py).
+    per_seq = {i: st.bytes_per_sequence() for i, st in eng.new_states(1, 1).items()}
+    fixed = sum(f for f, _ in per_seq.values())
+    kv = {i: t for i, (_, t) in per_seq.items() if t}
+    # The fixed state (Mamba's conv + SSM) is read and written once per step: twice its bytes.
+    return {"weights": weights, "state_per_seq": 2 * fixed, "kv_per_token": sum(kv.values()), "kv_per_layer": kv}
 
 
 def visible_kv_bytes(rt: Any, kv_per_layer: dict[int, int], context: int) -> int:
@@ -369,7 +367,7 @@ def profile_prefill(rt: Any, tokens: int, packed: int, top: int = 25) -> list[di
 def run(args: argparse.Namespace, result: Result) -> None:
     import torch
 
-    from plamo2_tools.runtime.serving.engine import Runtime
+    from plamo2_tools import Runtime
 
     cuda = args.device.startswith("cuda")
     with work_dir(args) as work:

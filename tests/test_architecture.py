@@ -30,6 +30,9 @@ FOUNDATION = {
     "digest",
     "outputs",
     "kinds",
+    "token_ids",
+    "generation_request",
+    "version",
     "__init__",
 }
 # PLaMo's tokenizer format is a leaf (it imports only errors); synth writes one for every checkpoint.
@@ -193,6 +196,18 @@ def test_deploy_judges_from_above_the_runtime() -> None:
     assert GRAPH["deploy"] <= allowed, GRAPH["deploy"] - allowed
     users = {m for m, deps in FILES.items() if any(_unit(d) == "deploy" for d in deps)}
     assert {_unit(m) for m in users} <= {"deploy", "cli", "export", "report"}, users
+
+
+def test_the_public_face_stands_above_everything() -> None:
+    """`plamo2_tools/__init__.py` exports the library API (`api.py`) lazily: no module of the
+    package imports the package's `__init__` or `api` (the version lives in `version.py`), so the
+    face can import anything without a cycle, and every name it exports has a home that exists."""
+    import plamo2_tools
+
+    users = {m for m, deps in FILES.items() if {"plamo2_tools", "plamo2_tools.api"} & deps}
+    assert not users, users
+    for name, home in plamo2_tools._HOMES.items():
+        assert f"plamo2_tools{home}" in MODULES, (name, home)
 
 
 def test_no_cycles_between_packages() -> None:

@@ -18,9 +18,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from .. import __version__
 from ..errors import EnvironmentLimitError, UserError
 from ..safe_files import create_fresh, write_all
+from ..version import __version__
 from . import (
     bench_accuracy,
     bench_convert,
