@@ -163,6 +163,11 @@ class Family:
         """One rank's forward over its stage's layers with its TP-sharded weights (the runtime's)."""
         raise NotImplementedError
 
+    def mlx_layout(self) -> Any:
+        """How mlx-lm holds this family (a `model.mlx.MLXLayout`, from `model/<family>/mlx.py`), or
+        None when mlx-lm has no model for it (`export mlx` refuses then)."""
+        return None
+
     def runtime_options(self) -> dict[str, tuple[Any, ...]]:
         """Options of the forward a user may choose (e.g. PLaMo 3's window convention), with their
         values; the first value is the default."""

@@ -115,6 +115,11 @@ class Plamo3Family(Family):
     def runtime_options(self) -> dict[str, tuple[Any, ...]]:
         return {"window_convention": WINDOW_CONVENTIONS}
 
+    def mlx_layout(self) -> Any:
+        from .mlx import LAYOUT
+
+        return LAYOUT
+
     def reference_logits(self, ckpt: Any, sequences: Sequence[Sequence[int]], dtype: Any, device: Any = "cpu",
                          window_convention: str = "hf", **options: Any) -> Any:  # fmt: skip
         from .reference import reference_logits
