@@ -18,7 +18,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import mlx.core as mx  # an ImportError here is open_target's cue to name the [mlx] extra
+import mlx_lm
 import numpy as np
+from mlx_lm.utils import load_model
 
 from ..errors import CheckpointError, UserError
 from ..model.registry import family_of, load_config
@@ -40,10 +43,6 @@ class MLXTarget:
     def __init__(self, spec: str, check_writer: bool = True, **options: Any) -> None:
         """`check_writer`: refuse a directory being written or left unfinished by one of our
         writers (export's own verification, which holds the directory, passes False)."""
-        import mlx.core as mx  # ImportError: open_target says which extra to install
-        import mlx_lm
-        from mlx_lm.utils import load_model
-
         if options:
             raise UserError(f"{spec}: the MLX target takes no option {', '.join(sorted(options))}")
         self.location = spec
@@ -56,7 +55,6 @@ class MLXTarget:
             self.model, self.mlx_config = load_model(self.path)
         except (ValueError, FileNotFoundError, KeyError, IndexError, OSError, RuntimeError) as e:
             raise CheckpointError(f"{spec}: mlx-lm cannot load it ({type(e).__name__}: {e})") from None
-        self._mx = mx
         self._versions = {"mlx": mx.__version__, "mlx_lm": mlx_lm.__version__}
         self._tokenizer: Any = None
 
@@ -67,7 +65,7 @@ class MLXTarget:
         return {
             "runtime": "mlx-lm",
             "versions": self._versions,
-            "device": str(self._mx.default_device()),
+            "device": str(mx.default_device()),
             "model_type": self.mlx_config.get("model_type"),
             "quantization": quant,
             "dtype": self._dtype(),
@@ -87,7 +85,6 @@ class MLXTarget:
 
     def _forward(self, ids: Sequence[int]) -> np.ndarray:
         """Logits (T, V) of one sequence, one forward without a cache (mlx-lm's prefill math)."""
-        mx = self._mx
         bad = [t for t in ids if not 0 <= int(t) < self.config.vocab_size]
         if bad:
             raise UserError(f"token id(s) {bad[:5]} outside the vocabulary [0, {self.config.vocab_size})")
@@ -109,7 +106,6 @@ class MLXTarget:
         """mlx-lm's own decode loop (`generate_step`: prompt cache, greedy sampler), end-of-text ignored."""
         from mlx_lm.generate import generate_step
 
-        mx = self._mx
         out = []
         for prompt in prompts:
             self._forward(prompt[:1])  # the vocabulary and geometry checks, with one-line refusals

@@ -270,7 +270,7 @@ def export_mlx(
     writes = [*weights, *([INDEX_NAME] if len(groups) > 1 else []), *(p.name for p in sides), CONFIG_NAME, FIGURES_NAME]
     make_output_dir(out)
     lock = OutputLock(out, COMMAND)
-    finished = False
+    config_written = finished = False
     try:
         prepare_output(out, writes, force)
         need = sum(p.nbytes for p in planned) + sum(p.stat().st_size for p in sides) + 65536 * (len(groups) + 2)
@@ -289,6 +289,7 @@ def export_mlx(
             copy_file(p, out / p.name)  # created fresh: never through a link planted in OUT
         config = mlx_config(source, quant, recipe.dtype)
         atomic_write_text(out / CONFIG_NAME, json.dumps(config, indent=2) + "\n")
+        config_written = True
         record = export_record(source, out, recipe, planned, quant, weights)
         if verify is not None:
             record["verification"] = verify(out, planned)
@@ -297,7 +298,7 @@ def export_mlx(
         finished = True
         return record
     finally:
-        if not finished:  # stopped (interrupted, a failed verification run, ...): must not look loadable
+        if config_written and not finished:  # stopped during the verification: must not look loadable
             (out / CONFIG_NAME).unlink(missing_ok=True)
         lock.release()
 
