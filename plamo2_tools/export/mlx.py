@@ -17,7 +17,10 @@ from __future__ import annotations
 import fnmatch
 import json
 import math
+import os
+from collections import deque
 from collections.abc import Callable, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -43,7 +46,8 @@ FIGURES_NAME = "plamo2_export.json"  # what was exported and how it verified (si
 EXPORT_KIND = "plamo2-export-mlx"
 EXPORT_SCHEMA_VERSION = 1
 MAX_PART_BYTES = 5 << 30  # mlx-lm's own shard size (utils.MAX_FILE_SIZE_GB)
-CHUNK_BYTES = 16 << 20  # source rows handled per step: bounds memory at a few times this
+CHUNK_BYTES = 8 << 20  # source rows per job: memory is a few of these per thread
+WORKERS = os.cpu_count() or 1
 METADATA = {"format": "mlx"}  # what mlx_lm.save writes into every safetensors header
 NOT_COPIED = (CONFIG_NAME, INDEX_NAME, RECORD_NAME)
 
@@ -199,27 +203,47 @@ def convert_rows(p: Planned, rows: np.ndarray) -> list[np.ndarray]:
     return list(quantize(values, p.dtype, p.bits, p.group_size))
 
 
-def write_file(source: Source, path: Path, group: list[Planned], progress: Callable[[int], None] | None) -> None:
-    """One safetensors file, written under .partial and renamed when complete."""
-    entries = [o for p in group for o in p.outputs()]
-    layout = plan_file(entries, METADATA)
+def chunks_of(source: Source, p: Planned) -> list[tuple[Planned, int, int]]:
+    """p's source rows in steps of about CHUNK_BYTES (the unit of work and of memory)."""
+    src = source.tensors[p.name]
+    row_bytes = math.prod(src.shape[1:]) * p.source_dtype.itemsize
+    step = max(1, CHUNK_BYTES // max(1, row_bytes))
+    return [(p, a, min(a + step, p.rows)) for a in range(0, p.rows, step)]
+
+
+def write_file(source: Source, path: Path, group: list[Planned], progress: Callable[[int], None] | None,
+               workers: int = WORKERS) -> None:  # fmt: skip
+    """One safetensors file, written under .partial and renamed when complete.  Its chunks run on
+    `workers` threads (numpy's casts and the quantizer release the GIL), at most two per thread in
+    flight, each written at its own offset: memory stays at a few chunks per thread."""
+    layout = plan_file([o for p in group for o in p.outputs()], METADATA)
     out = PartialFile(path, layout)
+
+    def job(p: Planned, a: int, b: int) -> int:
+        rows = source.read_rows(p.name, a, b)
+        # Rows a..b of the (reshaped) tensor: conv1d's [C, K, 1] has the rows of [C, 1, K].
+        for (n, _, _), arr in zip(p.outputs(), convert_rows(p, rows), strict=True):
+            out.write_at(layout.offsets[n] + a * (layout.nbytes[n] // p.shape[0]), tensor_bytes(arr))
+        return rows.nbytes
+
     try:
-        for p in group:
-            src = source.tensors[p.name]
-            src_row_bytes = math.prod(src.shape[1:]) * p.source_dtype.itemsize
-            step = max(1, CHUNK_BYTES // max(1, src_row_bytes))
-            names = [n for n, _, _ in p.outputs()]
-            for a in range(0, p.rows, step):
-                b = min(a + step, p.rows)
-                rows = source.read_rows(p.name, a, b)
-                # The chunk's rows of the (reshaped) tensor: conv1d's [C, K, 1] has the rows of [C, 1, K].
-                for n, arr in zip(names, convert_rows(p, rows), strict=True):
-                    row_bytes = layout.nbytes[n] // p.shape[0]
-                    data = tensor_bytes(arr)
-                    out.write_at(layout.offsets[n] + a * row_bytes, data)
-                if progress:
-                    progress(int((b - a) * src_row_bytes))
+        jobs = [c for p in group for c in chunks_of(source, p)]
+        with ThreadPoolExecutor(max(1, workers), thread_name_prefix="plamo2-export") as pool:
+            pending: deque[Future[int]] = deque()
+            try:
+                for c in jobs:
+                    pending.append(pool.submit(job, *c))
+                    if len(pending) >= 2 * workers:
+                        done = pending.popleft().result()
+                        if progress:
+                            progress(done)
+                while pending:
+                    done = pending.popleft().result()
+                    if progress:
+                        progress(done)
+            finally:
+                for f in pending:
+                    f.cancel()
         out.commit()
     except BaseException:
         out.abort()

@@ -60,13 +60,18 @@ def quantize(w: np.ndarray, dtype: DType, bits: int, group_size: int) -> tuple[n
     nonzero = q0 != 0
     scale = np.where(nonzero, edge / np.where(nonzero, q0, np.float32(1)), scale)
     bias = np.where(nonzero, edge, np.float32(0))
-    q = np.rint((g - bias[..., None]) / scale[..., None])
-    codes = np.clip(q, 0, n_bins).astype(np.uint32).reshape(-1, cols * bits // 32, 32 // bits)
-    shifts = np.arange(32 // bits, dtype=np.uint32) * np.uint32(bits)
-    packed = np.bitwise_or.reduce(codes << shifts, axis=-1)
+    q = g - bias[..., None]  # in place from here on: the chunk's one float32 temporary
+    q /= scale[..., None]
+    np.rint(q, out=q)
+    np.minimum(np.maximum(q, 0, out=q), n_bins, out=q)
+    per = 32 // bits
+    codes = q.astype(np.uint32).reshape(-1, cols * bits // 32, per)
+    packed = codes[..., 0].copy()
+    for k in range(1, per):  # per-lane shifts: faster than a reduce over an axis of 4 to 16
+        packed |= codes[..., k] << np.uint32(k * bits)
     wshape, sshape = quantized_shapes((*lead, cols), bits, group_size)
     return (
-        packed.astype(np.uint32).reshape(wshape),
+        packed.reshape(wshape),
         from_float32(scale.astype(np.float32), dtype).reshape(sshape),
         from_float32(bias.astype(np.float32), dtype).reshape(sshape),
     )
