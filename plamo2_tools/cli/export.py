@@ -83,7 +83,7 @@ def mlx(
             ref = reference or (src if isinstance(source, HFSource) else None)
             if ref is None:
                 raise UserError(f"{src} is a shard directory: give --reference HF_CHECKPOINT to verify, or --no-verify")
-            check = verifier(ref, recipe)
+            check = verifier(ref, recipe, source.config)
         start = time.perf_counter()
         with byte_progress(f"export mlx {src}", planned_bytes(source, recipe), enabled=not as_json) as progress:
             record = export_mlx(source, source_side_files(source), out_dir, recipe, force=force, verify=check,

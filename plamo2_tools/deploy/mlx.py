@@ -72,6 +72,7 @@ class MLXTarget:
             "vocab_size": self.config.vocab_size,
             "eos_token_ids": list(self.config.eos_token_ids),
             "known_differences": differences,
+            "differences_read_from": f"mlx-lm {layout.mlx_lm_version}" if layout is not None else None,
         }
 
     def _dtype(self) -> str:

@@ -356,9 +356,10 @@ def bits_per_weight(planned: list[Planned]) -> float:
     return 8 * sum(p.nbytes for p in planned) / params if params else 0.0
 
 
-def verifier(reference: Path, recipe: Recipe) -> Callable[[Path, list[Planned]], dict[str, Any]]:
+def verifier(reference: Path, recipe: Recipe, config: Any = None) -> Callable[[Path, list[Planned]], dict[str, Any]]:
     """The check that ends an export: mlx-lm runs OUT against the reference.  Refused before any
-    writing when mlx-lm is not installed (it would otherwise fail after the whole export)."""
+    writing when mlx-lm is not installed (it would otherwise fail after the whole export), or when
+    the reference is not shaped like the source's `config`."""
     try:
         import mlx.core  # noqa: F401
         import mlx_lm  # noqa: F401
@@ -371,6 +372,8 @@ def verifier(reference: Path, recipe: Recipe) -> Callable[[Path, list[Planned]],
     ensure_readable_checkpoint(reference)
     with HFCheckpoint(reference) as ckpt:  # a wrong --reference is refused before the export, not after
         ckpt.check_inventory()
+        if config is not None and hf_tensor_shapes(ckpt.config) != hf_tensor_shapes(config):
+            raise UserError(f"--reference {reference} is not shaped like the model being exported")
 
     def run(path: Path, planned: list[Planned]) -> dict[str, Any]:
         from ..deploy.mlx import MLXTarget

@@ -289,3 +289,9 @@ def test_a_planted_bad_recipe_is_flagged(plamo_checkpoint, tmp_path: Path) -> No
     assert not figures["planted"]["passed"], figures["planted"]["summary"]
     clean, planted = (figures[k]["runs"]["default"]["mean_kl"] for k in ("clean", "planted"))
     assert planted > 10 * clean
+
+
+def test_an_export_from_shards_verifies_against_the_reference(cli, checkpoint, shards, tmp_path: Path) -> None:  # noqa: ANN001
+    out = tmp_path / "mlx"
+    record = export(cli, shards("tiny3", 2, 1), out, "--reference", checkpoint("tiny3"))
+    assert record["verification"]["passed"] and record["verification"]["reference"] == str(checkpoint("tiny3"))

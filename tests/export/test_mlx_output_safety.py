@@ -152,6 +152,15 @@ def test_shards_as_source_need_a_reference_to_verify(cli, shards, tmp_path: Path
     assert "--reference" in line
 
 
+@pytest.mark.mlx
+def test_a_reference_of_another_model_is_refused_before_writing(cli, checkpoint, shards, tmp_path: Path,
+                                                                 one_line_error) -> None:  # fmt: skip  # noqa: ANN001
+    out = tmp_path / "mlx"
+    r = cli("export", "mlx", shards("tiny", 2, 1), out, "--reference", checkpoint("tiny-gqa"), expect=2)
+    assert "not shaped like" in one_line_error(r, 2)
+    assert not out.exists()
+
+
 def test_shards_export_what_the_checkpoint_exports(cli, checkpoint, shards, tmp_path: Path) -> None:  # noqa: ANN001
     """A shard directory is read as the checkpoint it came from: the export holds the same tensors,
     byte-identical except the norm weights, whose folded offsets come back within one float32
