@@ -14,6 +14,7 @@ No PyTorch and no MLX here; the verification that ends an export (`verified.py`)
 
 from __future__ import annotations
 
+import errno
 import fnmatch
 import json
 import math
@@ -28,7 +29,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from ..dtypes import UINT32, DType
-from ..errors import UserError
+from ..errors import CheckpointError, EnvironmentLimitError, UserError
 from ..model.layout import layer_of
 from ..model.mlx import BULK, KEEP, MIXED_BASE_BITS, MLXLayout, MLXTensor
 from ..model.registry import family_of, hf_tensor_shapes
@@ -48,6 +49,9 @@ EXPORT_SCHEMA_VERSION = 1
 MAX_PART_BYTES = 5 << 30  # mlx-lm's own shard size (utils.MAX_FILE_SIZE_GB)
 CHUNK_BYTES = 8 << 20  # source rows per job: memory is a few of these per thread
 WORKERS = os.cpu_count() or 1
+# copy_file_range refusing a pair of files (another filesystem on old kernels, special files):
+# the chunk goes through user space instead.
+KERNEL_REFUSALS = frozenset({errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EBADF})
 METADATA = {"format": "mlx"}  # what mlx_lm.save writes into every safetensors header
 NOT_COPIED = (CONFIG_NAME, INDEX_NAME, RECORD_NAME)
 
@@ -62,6 +66,8 @@ class Source(Protocol):
     def tensors(self) -> dict[str, Any]: ...  # name -> object with .dtype (DType) and .shape
 
     def read_rows(self, name: str, start: int, stop: int) -> np.ndarray: ...
+
+    def locate(self, name: str) -> tuple[Path, Any] | None: ...  # (file, header entry) of verbatim bytes
 
 
 @dataclass(frozen=True)
@@ -211,15 +217,48 @@ def chunks_of(source: Source, p: Planned) -> list[tuple[Planned, int, int]]:
     return [(p, a, min(a + step, p.rows)) for a in range(0, p.rows, step)]
 
 
+def kernel_copy(src: int, src_off: int, out: PartialFile, dst_off: int, n: int) -> bool:
+    """n bytes from a source file into ours inside the kernel (copy_file_range: page cache to page
+    cache, no trip through Python); False when the kernel refuses this pair of files."""
+    done = 0
+    try:
+        while done < n:
+            got = os.copy_file_range(src, out.fd, n - done, src_off + done, dst_off + done)
+            if got == 0:
+                raise CheckpointError(f"{out.path}: the source shrank while being read")
+            done += got
+    except OSError as e:
+        if e.errno in KERNEL_REFUSALS and done == 0:
+            return False
+        raise EnvironmentLimitError(f"{out.partial}: {e.strerror or e}") from None
+    return True
+
+
 def write_file(source: Source, path: Path, group: list[Planned], progress: Callable[[int], None] | None,
                workers: int = WORKERS) -> None:  # fmt: skip
     """One safetensors file, written under .partial and renamed when complete.  Its chunks run on
     `workers` threads (numpy's casts and the quantizer release the GIL), at most two per thread in
-    flight, each written at its own offset: memory stays at a few chunks per thread."""
+    flight, each written at its own offset: memory stays at a few chunks per thread.  A tensor
+    stored as it is (no cast, no quantization: a reshape or a leading-rows cut keeps its bytes)
+    is copied inside the kernel when the source can say where its bytes lie."""
     layout = plan_file([o for p in group for o in p.outputs()], METADATA)
     out = PartialFile(path, layout)
+    fds: dict[Path, int] = {}
 
-    def job(p: Planned, a: int, b: int) -> int:
+    def verbatim(p: Planned) -> tuple[int, int] | None:
+        """(source fd, offset of the tensor's first byte) when p can be copied as it lies."""
+        where = getattr(source, "locate", lambda name: None)(p.name) if p.bits is None else None
+        if where is None or p.dtype != p.source_dtype:
+            return None
+        file, info = where
+        if file not in fds:
+            fds[file] = os.open(file, os.O_RDONLY)
+        return fds[file], info.offset
+
+    def job(p: Planned, a: int, b: int, at: tuple[int, int] | None) -> int:
+        row = layout.nbytes[p.name] // p.shape[0] if p.bits is None else 0
+        if at is not None and kernel_copy(at[0], at[1] + a * row, out, layout.offsets[p.name] + a * row, (b - a) * row):
+            return (b - a) * row
         rows = source.read_rows(p.name, a, b)
         # Rows a..b of the (reshaped) tensor: conv1d's [C, K, 1] has the rows of [C, 1, K].
         for (n, _, _), arr in zip(p.outputs(), convert_rows(p, rows), strict=True):
@@ -227,7 +266,7 @@ def write_file(source: Source, path: Path, group: list[Planned], progress: Calla
         return rows.nbytes
 
     try:
-        jobs = [c for p in group for c in chunks_of(source, p)]
+        jobs = [(*c, verbatim(p)) for p in group for c in chunks_of(source, p)]
         with ThreadPoolExecutor(max(1, workers), thread_name_prefix="plamo2-export") as pool:
             pending: deque[Future[int]] = deque()
             try:
@@ -248,6 +287,9 @@ def write_file(source: Source, path: Path, group: list[Planned], progress: Calla
     except BaseException:
         out.abort()
         raise
+    finally:
+        for fd in fds.values():
+            os.close(fd)
 
 
 def side_copies(side_files: Iterable[Path]) -> list[Path]:

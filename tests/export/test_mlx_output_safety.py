@@ -188,3 +188,29 @@ def test_an_unfinished_source_is_refused(cli, checkpoint, private_copy, tmp_path
     (src / RECORD_NAME).write_text(json.dumps({**record, "status": "writing"}))
     one_line_error(cli("export", "mlx", src, tmp_path / "mlx", "--no-verify", expect=2), 2)
     assert not (tmp_path / "mlx").exists()
+
+
+def test_the_kernel_copy_and_its_fallback_write_the_same_bytes(cli, checkpoint, tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip  # noqa: ANN001
+    """Unquantized tensors of an HF source go through copy_file_range; where the kernel refuses
+    (EXDEV here) the same chunks go through user space, byte for byte the same."""
+    import errno
+
+    calls = []
+    real = os.copy_file_range
+
+    def counting(*args: int) -> int:
+        calls.append(args)
+        return real(*args)
+
+    monkeypatch.setattr(os, "copy_file_range", counting)
+    cli("export", "mlx", checkpoint("tiny3-mqa"), tmp_path / "kernel", "--no-verify")
+    assert calls, "no tensor was copied inside the kernel"
+
+    def refused(*args: int) -> int:
+        raise OSError(errno.EXDEV, "Invalid cross-device link")
+
+    monkeypatch.setattr(os, "copy_file_range", refused)
+    cli("export", "mlx", checkpoint("tiny3-mqa"), tmp_path / "user", "--no-verify")
+    kernel, user = (tmp_path / d / "model.safetensors" for d in ("kernel", "user"))
+    assert kernel.read_bytes() == user.read_bytes()
