@@ -210,6 +210,17 @@ def test_the_public_face_stands_above_everything() -> None:
         assert f"plamo2_tools{home}" in MODULES, (name, home)
 
 
+def test_the_exports_are_a_consumer_like_convert() -> None:
+    """export/ (the formats other runtimes load) is imported by the commands alone and writes from
+    the model, the shard format and the foundation; it verifies through deploy/'s targets, never
+    through our runtime, and never reaches into convert/ (the CLI hands it convert's sources)."""
+    users = {
+        m for m, deps in FILES.items() if any(_unit(d) == "export" for d in deps) and _unit(m) not in ("export", "cli")
+    }
+    assert not users, users
+    assert not GRAPH["export"] & {"convert", "runtime", "serve", "eval", "verify"}, GRAPH["export"]
+
+
 def test_no_cycles_between_packages() -> None:
     cycles = sorted(u for u in GRAPH if u in _reach(GRAPH, u))
     assert not cycles, {u: sorted(GRAPH[u]) for u in cycles}

@@ -40,6 +40,7 @@ INTERRUPTED = {
     "report": "the report may be incomplete; run report again",
     "lm_eval_passthrough": "lm-eval's outputs may be incomplete",
     "generate": "{out} holds the results finished so far; run the same command again to resume",
+    "mlx": "{out} is incomplete (no config.json); run the same export again to redo it",
 }
 
 

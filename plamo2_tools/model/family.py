@@ -187,6 +187,11 @@ class Family:
         """One rank's forward over its stage's layers with its TP-sharded weights (the runtime's)."""
         raise NotImplementedError
 
+    def mlx_layout(self) -> Any:
+        """How mlx-lm holds this family (a `model.mlx.MLXLayout`, from `model/<family>/mlx.py`), or
+        None when mlx-lm has no model for it (`export mlx` refuses then)."""
+        return None
+
     def check_runtime_options(self, options: dict[str, Any]) -> dict[str, str]:
         """Every declared option with its value (the given one, else its default); an unknown
         option or value is one line (exit 2).  Values are strings (`--option KEY=VALUE`, lm-eval's

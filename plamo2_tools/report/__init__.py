@@ -29,6 +29,7 @@ from . import (
     bench_serving,
     bench_throughput,
     checks,
+    exports,
     lmeval,
     tools,
     verify,
@@ -38,6 +39,7 @@ from .inputs import (
     BENCH_ACCURACY,
     BENCH_CONVERT,
     BENCH_E2E,
+    BENCH_EXPORT,
     BENCH_FUZZ,
     BENCH_KERNELS,
     BENCH_SERVING,
@@ -45,6 +47,7 @@ from .inputs import (
     BENCH_TOKENIZER,
     CHECK,
     CONVERT,
+    EXPORT,
     INSPECT,
     KILL_RESUME,
     KINDS,
@@ -77,6 +80,7 @@ SECTIONS: list[tuple[tuple[str, ...], str, Renderer]] = [
         "Compatibility and robustness",
         checks.render,
     ),
+    ((EXPORT, BENCH_EXPORT), "Exports", exports.render),
     ((CONVERT, CHECK, INSPECT), "Tool output", tools.render),
 ]
 

@@ -26,6 +26,7 @@ from ..kinds import (
     BENCH_ACCURACY_KIND,
     BENCH_CONVERT_KIND,
     BENCH_E2E_KIND,
+    BENCH_EXPORT_KIND,
     BENCH_FUZZ_KIND,
     BENCH_KERNELS_KIND,
     BENCH_RUNTIME_KIND,
@@ -37,6 +38,7 @@ from ..kinds import (
     CHECK_KIND,
     CONVERT_KIND,
     EVAL_KIND,
+    EXPORT_MLX_KIND,
     INSPECT_KIND,
     KILL_RESUME_KIND,
     MUTANTS_KIND,
@@ -71,6 +73,8 @@ BENCH_TOKENIZER = "bench-tokenizer"
 KILL_RESUME = "kill-resume"
 BENCH_FUZZ = "bench-fuzz"
 MUTANTS = "mutants"
+EXPORT = "export"
+BENCH_EXPORT = "bench-export"
 KINDS = (
     LMEVAL,
     VERIFY,
@@ -86,6 +90,8 @@ KINDS = (
     KILL_RESUME,
     BENCH_FUZZ,
     MUTANTS,
+    EXPORT,
+    BENCH_EXPORT,
     CONVERT,
     CHECK,
     INSPECT,
@@ -127,6 +133,8 @@ SCHEMAS: dict[str, Schema] = {
     KILL_RESUME_KIND: Schema(KILL_RESUME, (1,), {"trials": list, "all_identical": bool}),
     BENCH_FUZZ_KIND: Schema(BENCH_FUZZ, (1,), {"targets": dict, "inputs": int, "contract_broken": int}),
     MUTANTS_KIND: Schema(MUTANTS, (1,), {"mutants": list, "total": int, "caught": int}),
+    EXPORT_MLX_KIND: Schema(EXPORT, (1,), {"model_type": str, "known_differences": list}),
+    BENCH_EXPORT_KIND: Schema(BENCH_EXPORT, (1,), {"presets": dict}),
 }
 # The suite's envelope (bench/common.py): what every benchmark file of version BENCH_SCHEMA_VERSION has.
 ENVELOPE_FIELDS: Mapping[str, type | tuple[type, ...]] = {

@@ -110,6 +110,11 @@ class Plamo2Family(Family):
         norm = layer_of(name, self.layer_prefix)[1].removesuffix(".weight")
         return NORM_OFFSETS.get(norm, FINAL_NORM_OFFSET)
 
+    def mlx_layout(self) -> Any:
+        from .mlx import LAYOUT
+
+        return LAYOUT
+
     def reference_logits(self, ckpt: Any, sequences: Sequence[Sequence[int]], dtype: Any, device: Any = "cpu",
                          **options: Any) -> Any:  # fmt: skip
         from .reference import reference_logits

@@ -121,6 +121,11 @@ class Plamo3Family(Family):
             return QK_NORM_OFFSET
         return NORM_OFFSETS.get(rest, FINAL_NORM_OFFSET)
 
+    def mlx_layout(self) -> Any:
+        from .mlx import LAYOUT
+
+        return LAYOUT
+
     def reference_logits(self, ckpt: Any, sequences: Sequence[Sequence[int]], dtype: Any, device: Any = "cpu",
                          window_convention: str = "hf", **options: Any) -> Any:  # fmt: skip
         from .reference import reference_logits
