@@ -31,7 +31,7 @@ class LoopSpy:
     """Wraps GenerationLoop._decode_step, Scheduler.drain_until / admit and PrefillGroup.step."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.trace: list[str] = []  # "d" per decode step, "|" per look at the tokens
+        self.trace: list[str] = []  # "d" per decode step, "|" per look at the tokens, "p" per prefill forward
         self.steps: list[dict[str, Any]] = []  # per decode step: who holds a slot, who waits
         self.admitted: list[list[Any]] = []  # per admission: the requests (tags, or indices)
         self.prefilled: list[Any] = []  # every request a prefill forward computed
@@ -66,6 +66,7 @@ class LoopSpy:
         def prefill(self: Any, rows: tuple[int, int] | None = None) -> int:
             a, b = rows or self.next_forward()
             spy.prefilled += [spy.name(r) for r in self.reqs[a:b]]
+            spy.trace.append("p")
             return real_prefill(self, (a, b))
 
         monkeypatch.setattr(generation.GenerationLoop, "_decode_step", decode_step)
@@ -83,7 +84,7 @@ class LoopSpy:
 
     def bursts(self) -> list[int]:
         """Decode steps between two looks."""
-        return [len(run) for run in "".join(self.trace).split("|") if run]
+        return [len(run) for run in "".join(self.trace).replace("p", "").split("|") if run]
 
 
 @pytest.fixture
@@ -129,7 +130,22 @@ def test_with_a_request_waiting_the_burst_ends_where_a_slot_frees(rt: Runtime, s
     assert spy.admitted == [[0, 1], [2]]
     idle = [i for i, s in enumerate(spy.steps) if s["waiting"] and None in s["slots"]]
     assert idle == [], f"decode steps {idle} ran with a free slot while {spy.steps[idle[0]]['waiting']} waited"
-    assert spy.trace.index("|") == 2  # request 2 was not kept waiting for a whole look interval
+    assert "".join(spy.trace).replace("p", "").index("|") == 2  # request 2 did not wait for a whole look interval
+
+
+def test_a_group_in_prefill_gets_one_decode_step_per_forward(shards, spy: LoopSpy) -> None:
+    """Prompts prefilled in chunks of 4 tokens, one forward per loop iteration, while others decode: between two
+    forwards of a group in prefill the running requests get exactly one decode step (they are not stalled, and
+    the group does not wait for a whole burst).  Requests 0 and 1 (4 and 6 prompt tokens) are one group of two
+    forwards (request 0 decodes after the first); request 2 (24 tokens) waits for request 0's slot, freed by
+    length at its third token, and takes 6 forwards: p d p d, then p d p d ... p, then request 1's decodes."""
+    with Runtime(shards("tiny", 1, 1, seed=11), backend="torch", mode="local", prefill_chunk=4) as rt4:
+        seqs = prompts(rt4.config.vocab_size, [4, 6, 24])
+        out = rt4.generate(seqs, [3, 30, 4], max_batch=2, eos_token_ids=()).tokens
+    assert [len(t) for t in out] == [3, 30, 4]
+    assert spy.admitted == [[0, 1], [2]]
+    trace = "".join(spy.trace).replace("|", "")
+    assert trace.count("p") == 8 and trace[: trace.rindex("p") + 1] == "pd" * 7 + "p", trace
 
 
 def test_the_look_interval_bounds_every_burst(rt: Runtime, spy: LoopSpy) -> None:

@@ -59,6 +59,7 @@ def disagreeing(src: Path, dst: Path, config_eos: object, generation_eos: object
         (40, None, (TOKENIZER_EOS, 40)),  # no generation_config.json: config.json's
         ([40, 41], None, (TOKENIZER_EOS, 40, 41)),
         (40, [TOKENIZER_EOS, 50, 50], (TOKENIZER_EOS, 50)),  # deduplicated, the tokenizer's first
+        (40, [60, 2], (TOKENIZER_EOS, 60, 2)),  # in the files' order, not sorted
         (40, [], (TOKENIZER_EOS,)),  # a generation config that names none: still not config.json's
     ],
 )

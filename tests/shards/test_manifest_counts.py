@@ -101,3 +101,10 @@ def test_a_negative_file_size_is_one_line_from_check(cli, one_line_error, damage
     directory = damaged(setter(("files", first, "size"))(-8))
     line = one_line_error(cli("check", directory, expect=2), 2)
     assert "malformed manifest" in line and "-8 is not a count" in line
+
+
+@pytest.mark.parametrize("version", [True, 2.0, "2", None])
+def test_format_version_must_be_a_json_integer(damaged, version: Any) -> None:
+    """`true` would be read as format 1 (True == 1 and hashes alike), 2.0 as format 2."""
+    with pytest.raises(CheckpointError, match="format_version .* is not supported"):
+        load_manifest(damaged(setter(("format_version",))(version)))
