@@ -105,13 +105,15 @@ def test_every_command_stops_where_the_rule_says(cli, checkpoint, free_run, tmp_
     out = json.loads(cli("generate", shards, "--prompt", PROMPT, "--max-new-tokens", 40, "--json").stdout)
     assert out["tokens"] == want, (k, j, out["tokens"])
 
-    from plamo2_tools.runtime.serving.online import OnlineLoop, OnlineRequest
+    from online_script import request_of  # the loop's request type, whatever its name
+
+    from plamo2_tools.runtime.serving.online import OnlineLoop
 
     with Runtime(shards, backend="torch", mode="local") as rt:
         assert list(rt.tokenizer(PROMPT)["input_ids"]) == ids
         with OnlineLoop(rt, max_batch=2, max_context=128) as loop:
             assert loop.eos == (TOKENIZER_EOS, tokens[j])
-            handle = loop.submit(OnlineRequest("r", tuple(ids), 40, temperature=0.0))
+            handle = loop.submit(request_of({"id": "r", "prompt": ids, "max_tokens": 40, "temperature": 0.0}))
             final = handle.result(120)
             assert handle.tokens == want and final.finish_reason == "stop" and final.stop_reason == tokens[j]
 
