@@ -304,12 +304,13 @@ def _typed(directory: Path, raw: dict[str, Any], fmt: ShardFormat) -> Manifest:
     algorithm = fmt.hash_of(raw)
     config = load_config(directory / "config.json")
     m = raw["mapping"]
-    mapping = Mapping(int(m["tp_size"]), int(m["pp_size"]), tuple((int(a), int(b)) for a, b in m["stages"]))
+    mapping = Mapping(_count(m["tp_size"], 1), _count(m["pp_size"], 1),
+                      tuple((_count(a), _count(b)) for a, b in _list(m["stages"])))  # fmt: skip
     ranks = tuple(
         RankRecord(
-            int(r["rank"]),
-            int(r["tp_rank"]),
-            int(r["pp_rank"]),
+            _count(r["rank"]),
+            _count(r["tp_rank"]),
+            _count(r["pp_rank"]),
             tuple(plain_name(f, "mapping.ranks.files") for f in _list(r["files"])),
         )
         for r in _list(m["ranks"])
@@ -318,12 +319,14 @@ def _typed(directory: Path, raw: dict[str, Any], fmt: ShardFormat) -> Manifest:
         raise CheckpointError(f"mapping.ranks lists {len(ranks)} ranks, not ranks 0..{mapping.world_size - 1}")
     key = fmt.digest_key
     files = {
-        plain_name(name, "files"): FileRecord(int(rec["size"]), str(rec[key]), int(rec["rank"]), int(rec["part"]))
+        plain_name(name, "files"): FileRecord(
+            _count(rec["size"]), str(rec[key]), _count(rec["rank"]), _count(rec["part"])
+        )
         for name, rec in _dict(raw["files"]).items()
     }
     entries: dict[int, dict[str, TensorEntry]] = {}
     for rank_str, tensors in _dict(raw["tensors"]).items():
-        rank = int(rank_str)
+        rank = _count(int(rank_str))
         entries[rank] = {}
         for tkey, rec in _dict(tensors).items():
             t = OutputTensor(
@@ -346,7 +349,8 @@ def _typed(directory: Path, raw: dict[str, Any], fmt: ShardFormat) -> Manifest:
         tensors=_source_tensors(_dict(src["tensors"]), config),
     )
     o = raw["options"]
-    options = Options(str(o["dtype"]), int(o["max_part_size"]), bool(o["tied_embeddings"]), int(o["padded_vocab"]))
+    options = Options(str(o["dtype"]), _count(o["max_part_size"], 1), _flag(o["tied_embeddings"]),
+                      _count(o["padded_vocab"], 1))  # fmt: skip
     return Manifest(
         path=directory,
         format=fmt,
@@ -369,7 +373,7 @@ def _side_files(raw: dict[str, Any], fmt: ShardFormat) -> dict[str, SideRecord]:
     if not fmt.side_digests:
         return {}
     return {
-        plain_name(name, "side_files"): SideRecord(int(rec["size"]), str(rec["digest"]))
+        plain_name(name, "side_files"): SideRecord(_count(rec["size"]), str(rec["digest"]))
         for name, rec in _dict(raw["side_files"]).items()
     }
 
@@ -395,9 +399,16 @@ def _str(value: Any) -> str:
     return value
 
 
-def _count(value: Any) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise ValueError(f"{value!r} is not a count")
+def _count(value: Any, least: int = 0) -> int:
+    """A JSON integer >= `least`: not a bool (JSON's true is no count), not a float, not negative."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < least:
+        raise ValueError(f"{value!r} is not a count" + (f" >= {least}" if least else ""))
+    return value
+
+
+def _flag(value: Any) -> bool:
+    if not isinstance(value, bool):  # bool("false") is True
+        raise TypeError(f"expected true or false, got {value!r}")
     return value
 
 
