@@ -71,6 +71,10 @@ WORKER_ENV = {
     "VLLM_LOGGING_LEVEL": "WARNING",
     "OMP_NUM_THREADS": "1",  # up to 8 ranks share 2 cores; nothing here is compute-bound
     "TOKENIZERS_PARALLELISM": "false",
+    # vLLM >= 0.3x refuses CpuPlatform on x86 without Triton, and counts Triton as absent when it finds no active
+    # GPU driver -- unless no GPU is visible on purpose (vllm/triton_utils/importing.py: an empty
+    # CUDA_VISIBLE_DEVICES is its "distributed environment" case). True here: the harness never uses a GPU.
+    "CUDA_VISIBLE_DEVICES": "",
 }
 
 

@@ -123,6 +123,13 @@ def test_nothing_but_the_commands_imports_convert(unit: str) -> None:
     assert "convert" not in GRAPH.get(unit, set())
 
 
+def test_export_stands_on_what_convert_reads() -> None:
+    """export/ (issue 31) writes other runtimes' formats from the sources convert reads (convert/sources.py), so it
+    is a command library like convert: the model, the shard format, convert and the foundation below it."""
+    allowed = FOUNDATION | LEAVES | {"model", "shards", "convert"}
+    assert GRAPH.get("export", set()) <= allowed, GRAPH["export"] - allowed
+
+
 def test_nothing_imports_the_cli() -> None:
     users = {m for m, deps in FILES.items() if any(_unit(d) == "cli" for d in deps) and _unit(m) != "cli"}
     assert not users, users
