@@ -208,6 +208,19 @@ def _write_weights(source: Source, plan: Plan, out: Path, workers: int, progress
         raise
 
 
+def _refuse_quantized(config_path: Path) -> dict[str, Any]:
+    """The raw config.json (bounded read), refused when it says the checkpoint is already quantized."""
+    if not config_path.is_file():
+        return {}
+    raw = read_object(config_path, CONFIG_BYTES, "a config")
+    if "quantization_config" in raw:
+        q = raw["quantization_config"]
+        method = q.get("quant_method") if isinstance(q, dict) else None
+        raise UserError(f"{config_path}: already quantized (quant_method {method!r}); export from the unquantized "
+                        "checkpoint")  # fmt: skip
+    return raw
+
+
 def _index(plan: Plan) -> str:
     weight_map = {t.name: fname for fname, group in zip(plan.file_names, plan.files, strict=True) for t in group}
     total = sum(t.nbytes for t in plan.tensors)
@@ -231,6 +244,7 @@ def export_fp8(
     to.  Raises CheckFailed (exit 1) after writing a complete export whose measured mean KL exceeds `max_kl`."""
     start = time.perf_counter()
     out = Path(out)
+    _refuse_quantized(Path(src) / LAST)  # before the reader, which would only see unexpected tensors
     source = open_source(src)
     lock: OutputLock | None = None
     try:
@@ -244,12 +258,7 @@ def export_fp8(
         config_path = next((p for p in sides if p.name == LAST), None)
         if config_path is None:
             raise CheckpointError(f"{source.path}: no {LAST} to copy")
-        raw = read_object(config_path, CONFIG_BYTES, "a config")
-        if "quantization_config" in raw:
-            method = raw["quantization_config"].get("quant_method") if isinstance(raw["quantization_config"], dict) \
-                else None  # fmt: skip
-            raise UserError(f"{config_path}: already quantized (quant_method {method!r}); export from the "
-                            "unquantized checkpoint")  # fmt: skip
+        raw = _refuse_quantized(config_path)
         plan = plan_export(source, max_part_size)
         writes = plan.file_names + ([INDEX_NAME] if len(plan.files) > 1 else []) + [p.name for p in sides]
         writes += [SIDE_JSON] if SIDE_JSON not in writes else []

@@ -20,10 +20,11 @@ from typing import Any
 from .. import __version__
 from ..errors import EnvironmentLimitError, UserError
 from ..safe_files import create_fresh, write_all
-from . import bench_convert, bench_kernels, bench_runtime, bench_serve, checks, lmeval, tools, verify
+from . import bench_convert, bench_kernels, bench_runtime, bench_serve, checks, exports, lmeval, tools, verify
 from .context import Context
 from .inputs import (
     BENCH_CONVERT,
+    BENCH_EXPORT,
     BENCH_FUZZ,
     BENCH_KERNELS,
     BENCH_RUNTIME,
@@ -31,6 +32,7 @@ from .inputs import (
     BENCH_TOKENIZER,
     CHECK,
     CONVERT,
+    EXPORT,
     INSPECT,
     KILL_RESUME,
     KINDS,
@@ -61,6 +63,7 @@ SECTIONS: list[tuple[tuple[str, ...], str, Renderer]] = [
         "Compatibility and robustness",
         checks.render,
     ),
+    ((EXPORT, BENCH_EXPORT), "Exports", exports.render),
     ((CONVERT, CHECK, INSPECT), "Tool output", tools.render),
 ]
 

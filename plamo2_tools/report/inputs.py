@@ -23,6 +23,7 @@ from typing import Any
 from ..convert.engine import CONVERT_KIND
 from ..errors import Plamo2Error, UserError
 from ..eval.harness import EVAL_KIND
+from ..export.fp8 import EXPORT_KIND
 from ..inspect import INSPECT_KIND
 from ..jsonio import MAX_DEPTH, RESULT_BYTES, depth
 from ..safe_files import read_regular
@@ -48,6 +49,7 @@ KILL_RESUME_KIND = "plamo2-bench-kill-resume"  # bench/kill_resume.py
 BENCH_SERVE_KIND = "plamo2-bench-serve"  # bench/serve.py
 BENCH_FUZZ_KIND = "plamo2-bench-fuzz"  # bench/fuzz.py
 MUTANTS_KIND = "plamo2-mutants"  # bench/mutants.py
+BENCH_EXPORT_KIND = "plamo2-bench-export"  # bench/export_fp8.py
 
 # Report sections, in the order the report shows them (the names appear in "Read as" and --json).
 LMEVAL = "lm-eval"
@@ -65,8 +67,10 @@ BENCH_TOKENIZER = "bench-tokenizer"
 KILL_RESUME = "kill-resume"
 BENCH_FUZZ = "bench-fuzz"
 MUTANTS = "mutants"
+EXPORT = "export"
+BENCH_EXPORT = "bench-export"
 KINDS = (LMEVAL, VERIFY, BENCH_CONVERT, BENCH_KERNELS, BENCH_RUNTIME, BENCH_SERVE, VLLM_COMPAT, VLLM_FORWARD,
-         BENCH_TOKENIZER, KILL_RESUME, BENCH_FUZZ, MUTANTS, CONVERT, CHECK, INSPECT)  # fmt: skip
+         BENCH_TOKENIZER, KILL_RESUME, BENCH_FUZZ, MUTANTS, EXPORT, BENCH_EXPORT, CONVERT, CHECK, INSPECT)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -96,6 +100,8 @@ SCHEMAS: dict[str, Schema] = {
     KILL_RESUME_KIND: Schema(KILL_RESUME, (1,), {"trials": list, "all_identical": bool}),
     BENCH_FUZZ_KIND: Schema(BENCH_FUZZ, (1,), {"targets": dict, "inputs": int, "contract_broken": int}),
     MUTANTS_KIND: Schema(MUTANTS, (1,), {"mutants": list, "total": int, "caught": int}),
+    EXPORT_KIND: Schema(EXPORT, (1,), {"format": str, "quantized": list}),
+    BENCH_EXPORT_KIND: Schema(BENCH_EXPORT, (1,), {"baseline": dict, "results": list}),
 }
 # lm-eval 0.4's aggregated results file (EvaluationTracker.save_results_aggregated): these keys,
 # each a JSON object, are always there; "configs" tells it from a digest of it.

@@ -13,10 +13,12 @@ import pytest
 
 from plamo2_tools.convert.engine import CONVERT_KIND, CONVERT_SCHEMA_VERSION
 from plamo2_tools.eval.harness import EVAL_KIND, EVAL_SCHEMA_VERSION
+from plamo2_tools.export.fp8 import EXPORT_KIND, EXPORT_SCHEMA_VERSION
 from plamo2_tools.inspect import INSPECT_KIND, INSPECT_SCHEMA_VERSION
 from plamo2_tools.report import build_report
 from plamo2_tools.report.inputs import (
     BENCH_CONVERT_KIND,
+    BENCH_EXPORT_KIND,
     BENCH_KERNELS_KIND,
     BENCH_RUNTIME_KIND,
     BENCH_SERVE_KIND,
@@ -36,6 +38,7 @@ WRITERS = {  # kind -> the version its writer writes today
     INSPECT_KIND: INSPECT_SCHEMA_VERSION,
     VERIFY_KIND: VERIFY_SCHEMA_VERSION,
     EVAL_KIND: EVAL_SCHEMA_VERSION,
+    EXPORT_KIND: EXPORT_SCHEMA_VERSION,
 }
 
 
@@ -60,7 +63,8 @@ def test_every_writer_is_read_in_the_version_it_writes() -> None:
 
 @pytest.mark.parametrize(("script", "kind"), [("convert.py", BENCH_CONVERT_KIND), ("kernels.py", BENCH_KERNELS_KIND),
                                                ("plamo3_vllm_forward.py", VLLM_FORWARD_KIND),
-                                               ("serve.py", BENCH_SERVE_KIND)])  # fmt: skip
+                                               ("serve.py", BENCH_SERVE_KIND),
+                                               ("export_fp8.py", BENCH_EXPORT_KIND)])  # fmt: skip
 def test_bench_scripts_write_the_kind_the_report_reads(script: str, kind: str) -> None:
     constants = module_constants(ROOT / "bench" / script)
     assert constants["KIND"] == kind
