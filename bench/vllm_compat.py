@@ -1,6 +1,8 @@
-"""Compatibility check against vLLM itself: do our shards load into vLLM 0.26.0's model classes bit for bit?
+"""Compatibility check against vLLM itself: do our shards load into vLLM's model classes bit for bit?
 
-Runs inside the vLLM venv (bench/vllm_compat.sh creates it). For every tiny preset and every valid TP (PP = 1):
+Runs inside a vLLM venv (bench/vllm_compat.sh creates one per version: 0.26.0, the last with PLaMo 2, by default;
+`--vllm-version 0.34.0` the newest, for PLaMo 3; the JSON records the version it ran). With --fp8 it checks
+`plamo2-tools export fp8` instead of shards (`fp8_rank`). For every tiny preset and every valid TP (PP = 1):
 
 1. the project's CLI synthesises the checkpoint, says which TP sizes are valid and converts it;
 2. one process per TP rank (forked from one launcher that imported vLLM once), joined over gloo on 127.0.0.1,

@@ -36,9 +36,8 @@ from .dtypes import BFLOAT16, FLOAT8_E4M3, FLOAT8_E5M2, FLOAT16, FLOAT32, FLOAT6
 
 _NAN_F32_TO_BF16 = np.uint16(0xFFFF)
 _NAN_NARROW_TO_BF16 = np.uint16(0x7FC0)
-# float32 bit patterns of float8_e4m3fn rounding: 448 (the largest finite value), 2^-6 (the
-# smallest normal), and 2^14, whose float32 ulp is e4m3fn's subnormal step 2^-9.
-_F8E4M3_MAX = np.uint32(0x43E00000)
+# float32 bit patterns of float8_e4m3fn rounding: 2^-6 (the smallest normal), and 2^14, whose float32 ulp
+# is e4m3fn's subnormal step 2^-9.
 _F8E4M3_MIN_NORMAL = np.uint32(121 << 23)
 _F8E4M3_DENORM_MAGIC = np.uint32(141 << 23)
 
@@ -121,27 +120,43 @@ def from_float32(x: np.ndarray, dtype: DType) -> np.ndarray:
 
 
 def _float8_e4m3fn_from_float32(x: np.ndarray) -> np.ndarray:
-    """torch's `.to(float8_e4m3fn)`: round to nearest even on the bits, saturate beyond 448."""
-    bits = x.view(np.uint32)
-    sign = (bits >> 24).astype(np.uint8) & np.uint8(0x80)
+    """torch's `.to(float8_e4m3fn)`: round to nearest even on the bits, saturate beyond 448.  Branch-free (every
+    element takes the normal path, the few subnormal and NaN ones are replaced after): boolean gathers cost
+    more than the arithmetic."""
+    bits = x.reshape(-1).view(np.uint32)
     mag = bits & np.uint32(0x7FFFFFFF)
-    out = np.empty(x.shape, np.uint8)
-    nan = mag > np.uint32(0x7F800000)
-    big = (mag > _F8E4M3_MAX) & ~nan  # inf too; every value in (448, 464] would round to 448 anyway
+    # Normal results: rebias the exponent (127 -> 7), add half an e4m3fn ulp minus one plus the kept mantissa's
+    # lowest bit (ties to even), keep the top bits; magnitudes above 448, inf included, saturate to 0x7E.  The
+    # subtraction wraps for magnitudes below 2^-6, which the subnormal path replaces.
+    r = mag + np.uint32((0x7FFFF - (120 << 23)) % 2**32)
+    r += (mag >> np.uint32(20)) & np.uint32(1)
+    r >>= np.uint32(20)
+    np.minimum(r, np.uint32(0x7E), out=r)
+    # Subnormal results: a float32 add of 2^14 rounds the value to a multiple of 2^-9 (ties to even, IEEE),
+    # leaving the e4m3fn bits in the low mantissa.
     tiny = mag < _F8E4M3_MIN_NORMAL
-    normal = ~(nan | big | tiny)
-    # Subnormal results: a float32 add of 2^14 rounds the value to a multiple of 2^-9 (ties to even,
-    # IEEE), leaving the e4m3fn bits in the low mantissa.
-    shifted = mag[tiny].view(np.float32) + _F8E4M3_DENORM_MAGIC.view(np.float32)
-    out[tiny] = (shifted.view(np.uint32) - _F8E4M3_DENORM_MAGIC).astype(np.uint8)
-    # Normal results (at most 448 here): rebias the exponent (127 -> 7), add half an e4m3fn ulp
-    # minus one plus the kept mantissa's lowest bit (ties to even), keep the top bits.
-    m = mag[normal]
-    odd = (m >> np.uint32(20)) & np.uint32(1)
-    out[normal] = ((m - np.uint32(120 << 23) + np.uint32(0x7FFFF) + odd) >> np.uint32(20)).astype(np.uint8)
-    out[big] = 0x7E
-    out[nan] = 0x7F
-    return out | sign
+    if tiny.any():
+        sub = (mag.view(np.float32) + _F8E4M3_DENORM_MAGIC.view(np.float32)).view(np.uint32) - _F8E4M3_DENORM_MAGIC
+        np.copyto(r, sub, where=tiny)
+    nan = mag > np.uint32(0x7F800000)
+    if nan.any():
+        r[nan] = 0x7F
+    r |= (bits >> np.uint32(24)) & np.uint32(0x80)
+    return r.astype(np.uint8).reshape(x.shape)
+
+
+def rounded_float32(x: np.ndarray, dtype: DType) -> np.ndarray:
+    """float32 values rounded to `dtype` and widened back (`x.to(dtype).float()`), in float32 arithmetic
+    throughout: what torch computes for an operation on `dtype` tensors (a float32 result rounded once)."""
+    x = np.ascontiguousarray(x, np.float32)
+    if dtype == FLOAT32:
+        return x
+    if dtype == BFLOAT16 and not np.isnan(x).any():  # from_float32's rounding, kept in the float32's top half
+        bits = x.view(np.uint32)
+        out = bits + (np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1)))
+        out &= np.uint32(0xFFFF0000)
+        return out.view(np.float32)
+    return to_float32(from_float32(x, dtype), dtype)
 
 
 def cast(x: np.ndarray, src: DType, dst: DType) -> np.ndarray:

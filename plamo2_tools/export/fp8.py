@@ -33,6 +33,7 @@ agreement go to `plamo2_export.json` beside the weights (and to `report`).
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -42,7 +43,6 @@ from typing import Any
 
 import numpy as np
 
-from .. import numerics
 from ..convert.engine import CHUNK_BYTES
 from ..convert.plan import output_path_problems
 from ..convert.sources import Source, open_source, source_side_files
@@ -56,7 +56,14 @@ from ..outputs import check_free_space, make_output_dir, prepare_output, write_r
 from ..safe_files import copy_file
 from ..safetensors_io import PartialFile, atomic_write_text, plan_file, tensor_bytes
 from ..shards.lock import OutputLock, ensure_not_being_written
-from .fp8_format import COMPRESSED_TENSORS_VERSION, SCALE_DTYPES, SCHEME, quantization_config, quantize_rows
+from .fp8_format import (
+    COMPRESSED_TENSORS_VERSION,
+    SCALE_DTYPES,
+    SCHEME,
+    NonFinite,
+    quantization_config,
+    quantize_rows,
+)
 
 EXPORT_KIND = "plamo2-export"
 EXPORT_SCHEMA_VERSION = 1
@@ -158,25 +165,37 @@ def _chunks(source: Source, name: str) -> Iterator[tuple[int, np.ndarray]]:
         yield a, source.read_rows(name, a, min(a + step, st.rows))
 
 
-def _check_finite(name: str, first: int, rows: np.ndarray, dtype: DType) -> None:
-    finite = np.isfinite(numerics.to_float32(rows, dtype))
-    if not finite.all():
-        row = first + int(np.argwhere(~finite)[0][0])
-        raise CheckpointError(f"{name}: non-finite value in row {row}: an FP8 scale cannot be derived from it")
-
-
 Target = tuple[OutTensor, PartialFile, int]  # an output tensor, its file, its payload offset there
 
 
-def _write_source(source: Source, name: str, targets: list[Target], progress: Callable | None) -> None:
+class Cancelled(Exception):
+    """Another job failed or the run was interrupted: this one stops at its next chunk."""
+
+
+def _write_source(source: Source, name: str, targets: list[Target], progress: Callable | None,
+                  cancelled: threading.Event) -> None:  # fmt: skip
     """Every output of one source tensor (the copy, or the fp8 weight and its scale), chunk by chunk of source
     rows: memory is one chunk and its temporaries, and each source byte is read once."""
+    try:
+        _write_chunks(source, name, targets, progress, cancelled)
+    except BaseException:
+        cancelled.set()  # at once, from the failing job itself: the others stop at their next chunk
+        raise
+
+
+def _write_chunks(source: Source, name: str, targets: list[Target], progress: Callable | None,
+                  cancelled: threading.Event) -> None:  # fmt: skip
     src_dtype = source.tensors[name].dtype
     for first, rows in _chunks(source, name):
+        if cancelled.is_set():
+            raise Cancelled
         values = {"copy": rows}
         if targets[0][0].role != "copy":
-            _check_finite(name, first, rows, src_dtype)
-            values["fp8"], values["scale"] = quantize_rows(rows, src_dtype)
+            try:
+                values["fp8"], values["scale"] = quantize_rows(rows, src_dtype)
+            except NonFinite as e:
+                raise CheckpointError(f"{name}: non-finite value in row {first + e.row}: an FP8 scale cannot be "
+                                      "derived from it") from None  # fmt: skip
         for t, part, offset in targets:
             part.write_at(offset + first * (t.nbytes // t.shape[0]), tensor_bytes(values[t.role]))
         if progress is not None:
@@ -196,10 +215,21 @@ def _write_weights(source: Source, plan: Plan, out: Path, workers: int, progress
                 jobs.setdefault(t.source, []).append((t, part, layout.offsets[t.name]))
         # Largest first, so that the last job to finish is a small one.
         order = sorted(jobs, key=lambda n: -source.tensors[n].rows * source.tensors[n].row_bytes)
-        with ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="export-fp8") as pool:
-            futures = [pool.submit(_write_source, source, n, jobs[n], progress) for n in order]
+        cancelled = threading.Event()
+        pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="export-fp8")
+        futures = [pool.submit(_write_source, source, n, jobs[n], progress, cancelled) for n in order]
+        try:
             for f in futures:
                 f.result()
+        except BaseException as e:
+            # A failed job or Ctrl-C: the others stop at their next chunk, queued ones never start.
+            cancelled.set()
+            pool.shutdown(wait=True, cancel_futures=True)
+            if isinstance(e, Cancelled):  # report the job that failed, not one it stopped
+                raise next(x for f in futures if f.done() and not f.cancelled()
+                           and (x := f.exception()) is not None and not isinstance(x, Cancelled)) from None  # fmt: skip
+            raise
+        pool.shutdown(wait=True)
         for part in parts:
             part.commit()
     except BaseException:

@@ -54,18 +54,31 @@ def quantization_config(ignore: list[str]) -> dict[str, Any]:
     }
 
 
+class NonFinite(ValueError):
+    """A row with inf or NaN: no scale can be derived from it."""
+
+    def __init__(self, row: int) -> None:
+        super().__init__(f"non-finite value in row {row}")
+        self.row = row
+
+
 def quantize_rows(w: np.ndarray, dtype: DType) -> tuple[np.ndarray, np.ndarray]:
     """Rows of a weight (held as `dtype.storage`) -> (e4m3fn bits, per-row scale as `dtype.storage`, [rows, 1]),
-    bit for bit what compressed-tensors' observer + calculate_qparams + quantize compute in torch."""
+    bit for bit what compressed-tensors' observer + calculate_qparams + quantize compute in torch.  Raises
+    NonFinite naming the first row with inf or NaN (min and max propagate them, so no extra pass finds them)."""
     wf = numerics.to_float32(w, dtype).reshape(w.shape[0], -1)
-    amax = np.maximum(-np.minimum(wf.min(axis=1), 0), np.maximum(wf.max(axis=1), 0))
+    lo, hi = wf.min(axis=1), wf.max(axis=1)
+    amax = np.maximum(-np.minimum(lo, 0), np.maximum(hi, 0))
+    bad = ~np.isfinite(amax)
+    if bad.any():
+        raise NonFinite(int(np.argmax(bad)))
     scale = numerics.from_float32(amax / np.float32(FP8_MAX), dtype)  # one rounding, in the dtype
     zero = numerics.to_float32(scale, dtype) == 0
     if zero.any():  # the eps's bits, whatever numpy type holds the dtype
         scale.view(EPS_BITS[dtype].dtype)[zero] = EPS_BITS[dtype]
-    sf = numerics.to_float32(scale, dtype)[:, None]
-    scaled = numerics.to_float32(numerics.from_float32(wf / sf, dtype), dtype)  # x / scale, in the dtype
-    q = numerics.from_float32(np.clip(scaled, -FP8_MAX, FP8_MAX), FLOAT8_E4M3)
+    scaled = numerics.rounded_float32(wf / numerics.to_float32(scale, dtype)[:, None], dtype)  # x / scale, in dtype
+    np.clip(scaled, -FP8_MAX, FP8_MAX, out=scaled)
+    q = numerics.from_float32(scaled, FLOAT8_E4M3)
     return q.reshape(w.shape), scale.reshape(-1, 1)
 
 

@@ -214,3 +214,20 @@ def test_not_enough_disk_is_refused_before_writing(cli, checkpoint, monkeypatch,
 def test_bad_options_are_one_line(args, cli, checkpoint, one_line_error, tmp_path) -> None:
     one_line_error(cli("export", "fp8", checkpoint("tiny3"), tmp_path / "fp8", *args, expect=2), 2)
     assert not (tmp_path / "fp8").exists()
+
+
+def test_ctrl_c_stops_the_queued_jobs(cli, checkpoint, monkeypatch, tmp_path) -> None:
+    """Interrupted, the export stops at once: jobs still queued never start (12 quantized linears here, one chunk
+    each).  Shown to fail: with the pool's default shutdown (queued jobs run to the end) all 12 are quantized."""
+    calls: list[int] = []
+    real = export_module.quantize_rows
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(export_module, "quantize_rows", counting)
+    cli("export", "fp8", checkpoint("tiny3-mqa"), tmp_path / "fp8", "--no-verify", "--workers", "1", expect=130)
+    assert len(calls) == 2
