@@ -48,6 +48,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+# Run as a script, this file's folder is sys.path[0], where the benchmark suite's modules would shadow
+# packages vLLM and transformers import by the same names (bench/kernels.py is not HF's `kernels`).
+# Nothing here is imported from bench/.
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+
 KIND = "plamo2-vllm-compat"
 VERSION = 1
 PLAMO2_PRESETS = ("tiny", "tiny-gqa", "tiny-edge")
@@ -1091,9 +1096,4 @@ def _pkg_version(name: str) -> str | None:
 
 
 if __name__ == "__main__":
-    # Run as a script, bench/ is sys.path[0], and bench/kernels.py would stand in for the `kernels` package that
-    # transformers (5.25, in a fresh vLLM 0.26.0 venv) imports whenever find_spec("kernels") finds one:
-    # "ImportError: cannot import name 'CUDAProperties' from 'kernels' (bench/kernels.py)". Nothing here needs it.
-    if sys.path and Path(sys.path[0]).resolve() == Path(__file__).resolve().parent:
-        del sys.path[0]
     sys.exit(main())
