@@ -115,48 +115,63 @@ def from_float32(x: np.ndarray, dtype: DType) -> np.ndarray:
     if dtype == FLOAT64:
         return x.astype(np.float64)
     if dtype == FLOAT8_E4M3:
-        return _float8_e4m3fn_from_float32(x)
+        return float8_e4m3fn_bits(x)
     raise NotImplementedError(f"rounding to {dtype} has no numpy path")
 
 
-def _float8_e4m3fn_from_float32(x: np.ndarray) -> np.ndarray:
-    """torch's `.to(float8_e4m3fn)`: round to nearest even on the bits, saturate beyond 448.  Branch-free (every
-    element takes the normal path, the few subnormal and NaN ones are replaced after): boolean gathers cost
-    more than the arithmetic."""
-    bits = x.reshape(-1).view(np.uint32)
-    mag = bits & np.uint32(0x7FFFFFFF)
+Work = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]  # three uint32 buffers and a bool one, >= x.size each
+
+
+def float8_e4m3fn_bits(x: np.ndarray, work: Work | None = None) -> np.ndarray:
+    """torch's `.to(float8_e4m3fn)` of float32 values: round to nearest even on the bits, saturate beyond 448.
+    Branch-free (every element takes the normal path, the few subnormal and NaN ones are replaced after: boolean
+    gathers cost more than the arithmetic), in the caller's `work` buffers when given (fresh temporaries of
+    millions of elements cost as much system time in page faults as the arithmetic costs user time)."""
+    n = x.size
+    bits = np.ascontiguousarray(x, np.float32).reshape(-1).view(np.uint32)
+    mag, r, t, m = (w[:n] for w in work) if work else (*(np.empty(n, np.uint32) for _ in range(3)), np.empty(n, bool))
+    np.bitwise_and(bits, np.uint32(0x7FFFFFFF), out=mag)
     # Normal results: rebias the exponent (127 -> 7), add half an e4m3fn ulp minus one plus the kept mantissa's
     # lowest bit (ties to even), keep the top bits; magnitudes above 448, inf included, saturate to 0x7E.  The
     # subtraction wraps for magnitudes below 2^-6, which the subnormal path replaces.
-    r = mag + np.uint32((0x7FFFF - (120 << 23)) % 2**32)
-    r += (mag >> np.uint32(20)) & np.uint32(1)
-    r >>= np.uint32(20)
+    np.add(mag, np.uint32((0x7FFFF - (120 << 23)) % 2**32), out=r)
+    np.right_shift(mag, np.uint32(20), out=t)
+    np.bitwise_and(t, np.uint32(1), out=t)
+    np.add(r, t, out=r)
+    np.right_shift(r, np.uint32(20), out=r)
     np.minimum(r, np.uint32(0x7E), out=r)
     # Subnormal results: a float32 add of 2^14 rounds the value to a multiple of 2^-9 (ties to even, IEEE),
     # leaving the e4m3fn bits in the low mantissa.
-    tiny = mag < _F8E4M3_MIN_NORMAL
-    if tiny.any():
-        sub = (mag.view(np.float32) + _F8E4M3_DENORM_MAGIC.view(np.float32)).view(np.uint32) - _F8E4M3_DENORM_MAGIC
-        np.copyto(r, sub, where=tiny)
-    nan = mag > np.uint32(0x7F800000)
-    if nan.any():
-        r[nan] = 0x7F
-    r |= (bits >> np.uint32(24)) & np.uint32(0x80)
+    np.less(mag, _F8E4M3_MIN_NORMAL, out=m)
+    if m.any():
+        np.add(mag.view(np.float32), _F8E4M3_DENORM_MAGIC.view(np.float32), out=t.view(np.float32))
+        np.subtract(t, _F8E4M3_DENORM_MAGIC, out=t)
+        np.copyto(r, t, where=m)
+    np.greater(mag, np.uint32(0x7F800000), out=m)
+    if m.any():
+        r[m] = 0x7F
+    np.right_shift(bits, np.uint32(24), out=t)
+    np.bitwise_and(t, np.uint32(0x80), out=t)
+    np.bitwise_or(r, t, out=r)
     return r.astype(np.uint8).reshape(x.shape)
 
 
-def rounded_float32(x: np.ndarray, dtype: DType) -> np.ndarray:
-    """float32 values rounded to `dtype` and widened back (`x.to(dtype).float()`), in float32 arithmetic
-    throughout: what torch computes for an operation on `dtype` tensors (a float32 result rounded once)."""
-    x = np.ascontiguousarray(x, np.float32)
+def round_in_place(x: np.ndarray, dtype: DType, work: np.ndarray | None = None) -> np.ndarray:
+    """float32 values rounded to `dtype` and left in float32 (`x.to(dtype).float()`), in place: what torch computes
+    for an operation on `dtype` tensors (a float32 result rounded once).  `work`: a uint32 buffer >= x.size."""
     if dtype == FLOAT32:
         return x
     if dtype == BFLOAT16 and not np.isnan(x).any():  # from_float32's rounding, kept in the float32's top half
-        bits = x.view(np.uint32)
-        out = bits + (np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1)))
-        out &= np.uint32(0xFFFF0000)
-        return out.view(np.float32)
-    return to_float32(from_float32(x, dtype), dtype)
+        bits = x.reshape(-1).view(np.uint32)
+        t = work[: x.size] if work is not None else np.empty(x.size, np.uint32)
+        np.right_shift(bits, np.uint32(16), out=t)
+        np.bitwise_and(t, np.uint32(1), out=t)
+        np.add(t, np.uint32(0x7FFF), out=t)
+        np.add(bits, t, out=bits)
+        np.bitwise_and(bits, np.uint32(0xFFFF0000), out=bits)
+        return x
+    x[...] = to_float32(from_float32(x, dtype), dtype)
+    return x
 
 
 def cast(x: np.ndarray, src: DType, dst: DType) -> np.ndarray:

@@ -5,6 +5,7 @@ compressed-tensors' own code, bit for bit)."""
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import numpy as np
@@ -62,11 +63,35 @@ class NonFinite(ValueError):
         self.row = row
 
 
+class _Scratch(threading.local):
+    """Each thread's work buffers, kept from chunk to chunk (numerics.float8_e4m3fn_bits says why)."""
+
+    def __init__(self) -> None:
+        self.u32: list[np.ndarray] = [np.empty(0, np.uint32) for _ in range(4)]
+        self.mask = np.empty(0, bool)
+
+    def take(self, n: int) -> tuple[np.ndarray, numerics.Work]:
+        if self.mask.size < n:
+            self.u32 = [np.empty(n, np.uint32) for _ in range(4)]
+            self.mask = np.empty(n, bool)
+        return self.u32[0][:n], (self.u32[1], self.u32[2], self.u32[3], self.mask)
+
+
+_SCRATCH = _Scratch()
+
+
 def quantize_rows(w: np.ndarray, dtype: DType) -> tuple[np.ndarray, np.ndarray]:
     """Rows of a weight (held as `dtype.storage`) -> (e4m3fn bits, per-row scale as `dtype.storage`, [rows, 1]),
     bit for bit what compressed-tensors' observer + calculate_qparams + quantize compute in torch.  Raises
     NonFinite naming the first row with inf or NaN (min and max propagate them, so no extra pass finds them)."""
-    wf = numerics.to_float32(w, dtype).reshape(w.shape[0], -1)
+    rows = w.shape[0]
+    buf, work = _SCRATCH.take(w.size)
+    wf = buf.view(np.float32).reshape(rows, -1)
+    if dtype == BFLOAT16:  # the float32 whose top half the bfloat16 is: exact
+        np.copyto(buf.reshape(rows, -1), w.reshape(rows, -1))
+        np.left_shift(buf, np.uint32(16), out=buf)
+    else:  # float16 and float32 widen exactly (NaN payloads do not matter: a NaN is refused below)
+        np.copyto(wf, w.reshape(rows, -1))
     lo, hi = wf.min(axis=1), wf.max(axis=1)
     amax = np.maximum(-np.minimum(lo, 0), np.maximum(hi, 0))
     bad = ~np.isfinite(amax)
@@ -76,9 +101,10 @@ def quantize_rows(w: np.ndarray, dtype: DType) -> tuple[np.ndarray, np.ndarray]:
     zero = numerics.to_float32(scale, dtype) == 0
     if zero.any():  # the eps's bits, whatever numpy type holds the dtype
         scale.view(EPS_BITS[dtype].dtype)[zero] = EPS_BITS[dtype]
-    scaled = numerics.rounded_float32(wf / numerics.to_float32(scale, dtype)[:, None], dtype)  # x / scale, in dtype
-    np.clip(scaled, -FP8_MAX, FP8_MAX, out=scaled)
-    q = numerics.from_float32(scaled, FLOAT8_E4M3)
+    np.divide(wf, numerics.to_float32(scale, dtype)[:, None], out=wf)
+    numerics.round_in_place(wf, dtype, work[0])  # x / scale of two `dtype` tensors is a `dtype` tensor
+    np.clip(wf, -FP8_MAX, FP8_MAX, out=wf)
+    q = numerics.float8_e4m3fn_bits(wf, work)
     return q.reshape(w.shape), scale.reshape(-1, 1)
 
 

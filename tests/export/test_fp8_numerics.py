@@ -4,9 +4,9 @@ above 448 (inf too) saturated to +-448, NaN kept with its sign.
 
 Every bfloat16 and every float16 bit pattern (all 65536 of each), the float32 values on, between and one ulp either
 side of every midpoint of two e4m3fn neighbours, and random float32 bit patterns.  Shown to fail (every test but
-the last, each time): with the ties-to-even term dropped (`+ odd` removed in `_float8_e4m3fn_from_float32`) the
-ties differ (bfloat16 0x3c98: ours 0x09, torch 0x0a); with overflow mapped to NaN (the older c10 rule) every
-magnitude above 448 does (bfloat16 0x43e1: ours 0x7f, torch 0x7e).
+the last, each time): with the ties-to-even term dropped (`np.add(r, t, out=r)` in `numerics.float8_e4m3fn_bits`)
+the ties differ (bfloat16 0x3c98: ours 0x09, torch 0x0a); with overflow mapped to NaN (the older c10 rule, a
+saturation at 0x7F) every magnitude above 448 does (bfloat16 0x43e1: ours 0x7f, torch 0x7e).
 """
 
 from __future__ import annotations
