@@ -128,7 +128,7 @@ def plan_export(source: Source, max_part_size: int = DEFAULT_MAX_PART_SIZE) -> P
         tensors.append(OutTensor(name, name, FLOAT8_E4M3, t.shape, "fp8"))
         tensors.append(OutTensor(name.removesuffix(".weight") + ".weight_scale", name, t.dtype, (t.shape[0], 1),
                                  "scale"))  # fmt: skip
-    ignore = ["lm_head", family.embed_name.removesuffix(".weight"), *kept]
+    ignore = [family.head_name.removesuffix(".weight"), family.embed_name.removesuffix(".weight"), *kept]
     return Plan(tensors, quantized, ignore, _groups(tensors, max_part_size))
 
 
