@@ -41,7 +41,7 @@ from transformers.utils.quantization_config import CompressedTensorsConfig
 from plamo2_tools import numerics
 from plamo2_tools.dtypes import BFLOAT16, FLOAT16, FLOAT32, DType, as_dtype
 from plamo2_tools.export.fp8 import export_fp8
-from plamo2_tools.export.fp8_format import dequantize_rows, quantize_rows
+from plamo2_tools.export.fp8_format import dequantize_rows, quantization_config, quantize_rows
 
 DTYPES = [FLOAT32, BFLOAT16, FLOAT16]
 
@@ -164,3 +164,30 @@ def test_compressed_tensors_loads_and_decompresses_our_export(preset: str, dtype
         theirs = compressed_tensors_quantize(source[module + ".weight"])
         assert bits(theirs["weight"]) == bits(files[module + ".weight"]), module
         assert bits(theirs["weight_scale"]) == bits(files[module + ".weight_scale"]), module
+
+
+def test_quantization_config_is_what_llm_compressor_writes() -> None:
+    """llm-compressor's model_free_ptq(scheme="FP8_DYNAMIC") builds its config like this (validate_config, then
+    ModelFreePtqConverter.update_config after compress_module set the scheme's format; save_utils.update_config adds
+    version, quant_method and transform_config) and dumps it with compressed-tensors' model_dump.  We write the
+    dump of 0.19.0 (the version llm-compressor 0.14.0.1 pins), which keeps the null fields of QuantizationArgs that
+    0.20.1 (installed here) drops and lacks 0.20.1's `moe_sparsity_config`: equal up to exactly those.  Shown to
+    fail: `targets` left empty (as preset_name_to_scheme returns it), or the group named `group_0`."""
+    from compressed_tensors.quantization import QuantizationConfig, QuantizationStatus
+
+    scheme = preset_name_to_scheme("FP8_DYNAMIC", [])
+    scheme.targets.append("Linear")  # validate.py:_validate_scheme
+    scheme.format = "float-quantized"  # compress_module -> infer_module_format
+    ignore = ["lm_head", "model.embed_tokens"]
+    status = QuantizationStatus.COMPRESSED
+    config = QuantizationConfig(config_groups={"FP8_DYNAMIC": scheme}, ignore=ignore, quantization_status=status,
+                                format="float-quantized")  # fmt: skip
+    theirs = {"version": "0.19.0", "quant_method": "compressed-tensors", "transform_config": {}, **config.model_dump()}
+    theirs.pop("moe_sparsity_config")
+    ours = quantization_config(ignore)
+    dropped_by_0_20 = {"actorder": None, "block_structure": None, "observer": None, "observer_kwargs": {},
+                       "scale_dtype": None, "zp_dtype": None}  # fmt: skip
+    for args in ("weights", "input_activations"):
+        assert {k: ours["config_groups"]["FP8_DYNAMIC"][args][k] for k in dropped_by_0_20} == dropped_by_0_20
+        theirs["config_groups"]["FP8_DYNAMIC"][args].update(dropped_by_0_20)
+    assert json.loads(json.dumps(theirs)) == ours
