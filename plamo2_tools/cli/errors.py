@@ -35,6 +35,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 INTERRUPTED = {
     "convert": "{out} keeps the finished shard files and has no manifest yet; run the same convert again to resume",
     "merge": "{out} is incomplete (no config.json yet); run the same merge again to redo it",
+    "fp8": "{out} is incomplete (no config.json yet); run the same export fp8 again to redo it",
     "synth": "{out} is incomplete; run the same synth again to redo it",
     "demo": "{out} may hold unfinished layouts; run demo again to redo them",
     "report": "the report may be incomplete; run report again",

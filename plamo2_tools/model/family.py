@@ -88,6 +88,10 @@ class Family:
     config_class: ClassVar[type]  # from_dict(raw, source) -> config, to_dict()
     tensors: ClassVar[tuple[TensorKind, ...]]  # THE table (model/<family>/tensors.py)
     extras: ClassVar[tuple[TensorKind, ...]] = ()  # constants vLLM's state holds beyond the weights
+    # FP8 exports (export/fp8.py): the layer linears (table `hf` names) quantized, and those a consumer builds
+    # quantizable that stay in the source dtype (named in the checkpoint's `ignore` list).
+    fp8_quantized: ClassVar[tuple[str, ...]] = ()
+    fp8_kept: ClassVar[tuple[str, ...]] = ()
     presets: ClassVar[dict[str, dict[str, Any]]] = {}  # synth presets: raw config.json values
     tiny_presets: ClassVar[tuple[str, ...]] = ()  # the presets tests run every layout of
     layer_prefix: ClassVar[str] = "model.layers.layers.{}."

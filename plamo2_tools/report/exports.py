@@ -1,20 +1,25 @@
-"""Exports: what `export mlx` recorded (OUT/plamo2_export.json or its --json: the format, the
-quantization, the mlx-lm differences it predicted and the verification it measured) and the
-export benchmark (bench/export_mlx.py: time against `cp -r`, peak memory)."""
+"""Exports (issue 31): what `plamo2-tools export` recorded beside each output (`plamo2_export.json`,
+or its --json: the format, the quantization, what the target runtime is known to do differently and
+the verification measured against the reference), and the export benchmarks (bench/export_mlx.py,
+bench/export_fp8.py: time against `cp -r`, peak memory)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from .context import Context
-from .inputs import BENCH_EXPORT, EXPORT, Doc
+from .inputs import BENCH_EXPORT_FP8, BENCH_EXPORT_MLX, EXPORT_FP8, EXPORT_MLX, Doc
 from .markdown import MISSING, code, nbytes, num, sci, seconds, table
 
 
 def render(docs: list[Doc], ctx: Context) -> list[str]:
     lines = ["## Exports", ""]
-    for kind, title, make in ((EXPORT, "export mlx, verified with mlx-lm", export_table),
-                              (BENCH_EXPORT, "export mlx vs cp -r", bench_table)):  # fmt: skip
+    for kind, title, make in (
+        (EXPORT_MLX, "export mlx, verified with mlx-lm", mlx_table),
+        (EXPORT_FP8, "export fp8, verified by construction (the export read back against its source)", fp8_table),
+        (BENCH_EXPORT_MLX, "export mlx vs cp -r", mlx_bench_table),
+        (BENCH_EXPORT_FP8, "export fp8: time and memory", fp8_bench_table),
+    ):
         chosen = [d for d in docs if d.kind == kind]
         if chosen:
             lines += [f"### {title}", "", *make(chosen), ""]
@@ -29,7 +34,7 @@ def _format(d: dict[str, Any]) -> str:
     return ",".join(map(str, dtype)) if isinstance(dtype, list) else num(dtype)
 
 
-def export_table(docs: list[Doc]) -> list[str]:
+def mlx_table(docs: list[Doc]) -> list[str]:
     rows = []
     for doc in docs:
         d = doc.data
@@ -49,7 +54,7 @@ def export_table(docs: list[Doc]) -> list[str]:
     return table(headers, rows, right=(3, 7, 8))
 
 
-def bench_table(docs: list[Doc]) -> list[str]:
+def mlx_bench_table(docs: list[Doc]) -> list[str]:
     rows = []
     for doc in docs:
         for preset, entry in doc.data["presets"].items():
@@ -57,3 +62,33 @@ def bench_table(docs: list[Doc]) -> list[str]:
                 rows.append([code(doc.name), preset, name, seconds(r.get("wall_s")), num(r.get("vs_cp"), ".2f"),
                              nbytes(r.get("peak_rss_bytes")), nbytes(r.get("bytes"))])  # fmt: skip
     return table(["File", "preset", "run", "time", "vs cp", "peak RSS", "written"], rows, right=(3, 4, 5, 6))
+
+
+def fp8_table(docs: list[Doc]) -> list[str]:
+    rows = []
+    for doc in docs:
+        d = doc.data
+        v: dict[str, Any] = d.get("verification") or {}
+        variants = v.get("variants") or {}
+        w, a = variants.get("weights") or {}, variants.get("w8a8") or {}
+        rows.append([code(doc.name), num(d["format"]), num(d.get("scheme")), num(d.get("family")),
+                     str(len(d.get("quantized") or [])), nbytes(d.get("output_weight_bytes")),
+                     sci(w.get("kl_mean")), sci(a.get("kl_mean")), sci(a.get("kl_max")),
+                     num(a.get("top1_agreement"), ".3f"), num(a.get("positions"), "d") if a else "not verified",
+                     num(d.get("max_kl"))])  # fmt: skip
+    headers = ["File", "format", "scheme", "family", "linears quantized", "weights", "mean KL (weights only)",
+               "mean KL (w8a8)", "max KL (w8a8)", "top-1 agreement (w8a8)", "positions", "--max-kl"]  # fmt: skip
+    return table(headers, rows, right=(4, 5, 6, 7, 8, 9, 10))
+
+
+def fp8_bench_table(docs: list[Doc]) -> list[str]:
+    rows = []
+    for doc in docs:
+        d = doc.data
+        cp = d["baseline"]
+        for r in d["results"]:
+            rows.append([code(doc.name), num(d.get("preset")), num(r.get("what")), seconds(r.get("seconds")),
+                         num(r.get("seconds") / cp["seconds"] if cp.get("seconds") else None, ".2f"),
+                         nbytes(r.get("peak_rss_bytes")), nbytes(r.get("bytes_written"))])  # fmt: skip
+    headers = ["File", "preset", "run", "time", "vs cp", "peak RSS", "written"]
+    return table(headers, rows, right=(3, 4, 5, 6))

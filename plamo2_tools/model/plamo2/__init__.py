@@ -30,6 +30,8 @@ class Plamo2Family(Family):
     config_class = Plamo2Config
     tensors = table.TENSORS
     extras = table.VLLM_EXTRAS
+    fp8_quantized = table.FP8_QUANTIZED
+    fp8_kept = table.FP8_KEPT
     presets = PRESETS
     tiny_presets = TINY_PRESETS
     kind_names = {"mamba": "Mamba", "attention": "attention"}

@@ -39,6 +39,7 @@ class Plamo3Family(Family):
     config_class = Plamo3Config
     tensors = table.TENSORS
     extras = table.VLLM_EXTRAS
+    fp8_quantized = table.FP8_QUANTIZED
     presets = PRESETS
     tiny_presets = TINY_PRESETS
     kind_names = {FULL: "full attention", "sliding_attention": "sliding-window attention"}
