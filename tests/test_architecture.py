@@ -28,6 +28,8 @@ FOUNDATION = {
     "safetensors_io",
     "digest",
     "outputs",
+    "output_lock",
+    "file_output",
     "__init__",
 }
 # PLaMo's tokenizer format is a leaf (it imports only errors); synth writes one for every checkpoint.
