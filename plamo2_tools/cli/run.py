@@ -204,6 +204,10 @@ def generate(
     max_new_tokens: Annotated[
         int, typer.Option(help="Stop after this many new tokens (--input: lines' default).")
     ] = 64,
+    max_context: Annotated[
+        int | None,
+        typer.Option(help="With --input: tokens per line, prompt + completion (default 4096, at most the model's)."),
+    ] = None,
     temperature: Annotated[float, typer.Option(help="0 = greedy (--input: lines' default).")] = 0.0,
     top_p: Annotated[float, typer.Option(help="Nucleus sampling mass (with temperature > 0).")] = 1.0,
     seed: Annotated[int, typer.Option(help="Sampling seed (the same on every rank; --input: lines' base seed).")] = 0,
@@ -225,10 +229,11 @@ def generate(
         raise UserError("give either --prompt TEXT or --input FILE (with --output FILE)")
     if input_file is not None:
         generate_file(shards, input_file, output, strict, max_batch, max_new_tokens, temperature, top_p, seed, device,
-                      backend, trust_remote_code, window_convention, no_verify, cuda_graph, as_json)  # fmt: skip
+                      backend, trust_remote_code, window_convention, no_verify, cuda_graph, as_json,
+                      max_context)  # fmt: skip
         return
-    if output is not None or strict:
-        raise UserError("--output and --strict go with --input")
+    if output is not None or strict or max_context is not None:
+        raise UserError("--output, --strict and --max-context go with --input")
     from ..runtime.serving.engine import Runtime, load_tokenizer
     from ..runtime.serving.text import TextStream, decode_kept_specials, stop_token_ids
     from ..shards.manifest import load_manifest
@@ -277,8 +282,9 @@ def generate(
 def generate_file(shards: Path, input_file: Path, output: Path | None, strict: bool, max_batch: str,
                   max_new_tokens: int, temperature: float, top_p: float, seed: int, device: str, backend: str,
                   trust_remote_code: bool, window_convention: str | None, no_verify: bool, cuda_graph: bool,
-                  as_json: bool) -> None:  # fmt: skip
-    """`generate --input`: the batch file through the online loop (serve/batch.py)."""
+                  as_json: bool, max_context: int | None = None) -> None:  # fmt: skip
+    """`generate --input`: the batch file through the online loop (serve/batch.py).  Rank 0 takes
+    the output (ours or refused, locked) before the model loads: a refusal comes at once."""
     from ..shards.manifest import load_manifest
 
     if output is None:
@@ -293,19 +299,25 @@ def generate_file(shards: Path, input_file: Path, output: Path | None, strict: b
     batch = parse_batch_size(max_batch)
     if batch != "auto" and int(batch) < 1:
         raise UserError(f"--max-batch {max_batch}: must be >= 1 or auto")
-    load_manifest(shards)
+    if max_context is not None and max_context < 2:
+        raise UserError(f"--max-context {max_context}: must be >= 2")
+    manifest = load_manifest(shards)
+    from contextlib import nullcontext
+
     from ..runtime.serving.engine import Runtime
-    from ..serve.batch import run_batch
+    from ..serve.batch import ResultsFile, run_batch, run_header
 
     main = os.environ.get("RANK", "0") == "0"
     bar = RequestProgress(enabled=main and not as_json)
     defaults = {"max_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p, "seed": seed}
+    options = forward_options(window_convention)
     with (
+        ResultsFile(output, run_header(manifest, defaults, options)) if main else nullcontext() as results,
         Runtime(shards, device=device, backend=backend, verify_files=not no_verify, cuda_graph=cuda_graph,
-                trust_remote_code=trust_remote_code, forward_options=forward_options(window_convention)) as rt,
+                trust_remote_code=trust_remote_code, forward_options=options) as rt,
         bar,
     ):  # fmt: skip
-        summary = run_batch(rt, str(input_file), str(output), defaults, strict, batch,
+        summary = run_batch(rt, str(input_file), results, defaults, strict, batch, max_context=max_context,
                             on_start=bar.start, on_result=bar.result,
                             on_refused=lambda n, why: bar.warn(f"--input line {n}: {why}"))  # fmt: skip
     if summary is None:  # a torchrun rank other than 0
