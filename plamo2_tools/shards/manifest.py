@@ -305,6 +305,7 @@ def _typed(directory: Path, raw: dict[str, Any], fmt: ShardFormat) -> Manifest:
     config = load_config(directory / "config.json")
     m = raw["mapping"]
     mapping = Mapping(int(m["tp_size"]), int(m["pp_size"]), tuple((int(a), int(b)) for a, b in m["stages"]))
+    _check_stages(mapping, int(config.num_hidden_layers))
     ranks = tuple(
         RankRecord(
             int(r["rank"]),
@@ -363,6 +364,19 @@ def _typed(directory: Path, raw: dict[str, Any], fmt: ShardFormat) -> Manifest:
         files=files,
         entries=entries,
     )
+
+
+def _check_stages(mapping: Mapping, layers: int) -> None:
+    """`mapping.stages` must cut the config's layers into `pp_size` consecutive non-empty ranges: the
+    runtime builds each stage's layers from it (a stage past the last layer was exit 70; one short
+    of it silently ran fewer layers: issue 28)."""
+    bounds = [0, *(b for _, b in mapping.stages)]
+    starts = [a for a, _ in mapping.stages]
+    if (mapping.tp < 1 or len(mapping.stages) != mapping.pp or starts != bounds[:-1] or bounds[-1] != layers
+            or any(a >= b for a, b in mapping.stages)):  # fmt: skip
+        shown = json.dumps([list(x) for x in mapping.stages])[:80]
+        raise CheckpointError(f"mapping.stages {shown} does not split the {layers} layers of config.json into "
+                              f"pp_size = {mapping.pp} consecutive non-empty ranges: malformed manifest")  # fmt: skip
 
 
 def _side_files(raw: dict[str, Any], fmt: ShardFormat) -> dict[str, SideRecord]:
