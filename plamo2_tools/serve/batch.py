@@ -46,8 +46,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from ..errors import OutputExistsError, UserError, os_error
+from ..errors import CheckpointError, OutputExistsError, UserError, os_error
 from ..file_output import SingleFileOutput
+from ..jsonio import parse_json
 from ..runtime.serving.engine import Runtime
 from ..runtime.serving.online import DEFAULT_MAX_CONTEXT
 from ..safe_files import write_all
@@ -116,6 +117,9 @@ def parse_line(text: str, index: int, defaults: Defaults) -> Line:
             line.error = f"not valid JSON: {e.msg} (column {e.colno})"
             return line
         value = text.rstrip("\r\n")
+    except (RecursionError, ValueError) as e:  # nested past Python's recursion; a 5000-digit number
+        line.error = "not valid JSON: " + ("nested too deeply" if isinstance(e, RecursionError) else str(e))
+        return line
     if isinstance(value, str):
         value = {"prompt": value}
     if not isinstance(value, dict):
@@ -194,8 +198,16 @@ def run_header(manifest: Any, defaults: dict[str, Any], options: dict[str, Any] 
 
 def _first_line(data: bytes) -> Any:
     try:
-        return json.loads(data.split(b"\n", 1)[0])
-    except ValueError:
+        return parse_json(data.split(b"\n", 1)[0], "--output")
+    except CheckpointError:
+        return None
+
+
+def _record(text: str) -> Any:
+    """A record line of a results file; None for a line cut by a kill (or anything else unreadable)."""
+    try:
+        return parse_json(text, "--output")
+    except CheckpointError:
         return None
 
 
@@ -255,10 +267,7 @@ class ResultsFile:
         wanted = {line.index: line.sha256 for line in lines}
         found: dict[int, dict[str, Any]] = {}
         for text in self.raw[1:]:
-            try:
-                record = json.loads(text)
-            except json.JSONDecodeError:
-                continue  # a line cut by a kill
+            record = _record(text)  # None: a line cut by a kill
             if not isinstance(record, dict) or "error" in record or "choices" not in record:
                 continue
             index = record.get("index")
@@ -287,10 +296,7 @@ class ResultsFile:
         self._close_fd()
         found: dict[int, dict[str, Any]] = {}
         for text in self.out.read().decode("utf-8", errors="replace").splitlines()[1:]:
-            try:
-                record = json.loads(text)
-            except json.JSONDecodeError:
-                continue
+            record = _record(text)
             if isinstance(record, dict) and isinstance(record.get("index"), int):
                 found[record["index"]] = record
         return found
