@@ -166,3 +166,23 @@ def test_a_second_writer_is_refused_naming_the_first(run, one_line_error, tiny_s
         _, err = first.communicate(timeout=120)
     assert first.returncode == 130, err
     assert not (work / ".res.jsonl.plamo2.lock").exists()
+
+
+def test_lines_and_records_nested_too_deeply(run, one_line_error, tiny_shards, work) -> None:
+    """Found by the batch-file fuzz target: a results record of ours nested past Python's recursion
+    limit (RecursionError while resuming: exit 70) is dropped like a cut line and redone; an input
+    line nested so deep is a refused line.  On 6fb717f both were exit 70, seen by hand (this test
+    fails there earlier: its results files have no header)."""
+    deep = "[" * 100_000 + "]" * 100_000
+    src = _requests(work)
+    out = work / "res.jsonl"
+    _ok(_batch(run, tiny_shards, src, out))
+    clean = out.read_bytes()
+    header, first, second = clean.decode().splitlines()
+    out.write_text(f"{header}\n{deep}\n{second}\n")
+    r = _batch(run, tiny_shards, src, out)
+    _ok(r)
+    assert json.loads(r.stdout)["ran"] == 1 and out.read_bytes() == clean
+    line = one_line_error(_batch(run, tiny_shards, _requests(work, [REQUESTS[0], deep]), work / "b.jsonl",
+                                 "--strict"), 2)  # fmt: skip
+    assert "line 2: not valid JSON: nested too deeply" in line, line
