@@ -90,16 +90,23 @@ def _yarn(**change):  # type: ignore[no-untyped-def]
         ("tiny3-yarn", _yarn(beta_slow=0), "beta_slow of the full-attention layers = 0.0: must be > 0"),
         ("tiny3-yarn", _yarn(rope_theta=1.0), "must be > 1 with YaRN"),
         ("tiny3", lambda c: c.update(eos_token_id="2"), "eos_token_id = \"2\": must be a token id"),
+        # PLaMo 2's config, checked for the same classes
+        ("tiny", lambda c: c.update(num_hidden_layers=10**9), "num_hidden_layers = 1000000000: must be at most 4096"),
+        ("tiny", lambda c: c.update(rope_theta=float("inf")), "rope_theta = inf: must be a finite number"),
+        ("tiny", lambda c: c.update(eos_token_id=[2, "x"]), "eos_token_id = [2, 'x']: must be a token id"),
     ],
     ids=["pattern-0", "layers-1e9", "layers-1e300", "scaling-str", "scaling-list", "parameters-list", "yarn-orig-neg",
-         "yarn-beta-equal", "yarn-beta-slow-0", "yarn-theta-1", "eos-string"],
+         "yarn-beta-equal", "yarn-beta-slow-0", "yarn-theta-1", "eos-string", "plamo2-layers-1e9", "plamo2-theta-inf",
+         "plamo2-eos-list"],
 )  # fmt: skip
-def test_hostile_plamo3_config(run, one_line_error, checkpoint, work, outside, preset: str, edit, says: str) -> None:  # type: ignore[no-untyped-def]
+def test_hostile_config(run, one_line_error, checkpoint, work, outside, preset: str, edit, says: str) -> None:  # type: ignore[no-untyped-def]
     """main: the pattern 0 was a ZeroDivisionError (exit 70); 1e9 layers built a per-layer tuple
     before any check (25 s and all memory: exit 3 here under the 4 GB cap); rope_scaling or
     rope_parameters of the wrong type were ignored (exit 0: a model without YaRN); YaRN values no
     run can compute with passed convert and check (exit 0) and crashed every run; a string EOS id
-    passed.  Now inspect and convert refuse each (exit 2) at once, with memory capped."""
+    passed; PLaMo 2's config had no upper bound on its layers (inspect walked 1e9 of them), took an
+    infinite RoPE base, and EOS ids of any type.  Now inspect and convert refuse each (exit 2) at
+    once, with memory capped."""
     src = _copy(checkpoint(preset), work / "ckpt")
     _edit_json(src / "config.json", edit)
     for args in (["inspect", src], ["convert", src, work / "out"]):
