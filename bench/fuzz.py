@@ -71,6 +71,7 @@ def main() -> int:
     from fuzzing import LIMIT_S, TARGETS, Tally, make_bases
 
     torch.set_num_threads(1)
+    commit, dirty = _git_commit(), _git_dirty()  # what the campaign starts on (commits may land meanwhile)
     tally = Tally()
     start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="plamo2-fuzz-bases-") as tmp:
@@ -98,8 +99,8 @@ def main() -> int:
         },
         "failures": tally.failures,
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
-        "git": _git_commit(),
-        "git_dirty": _git_dirty(),
+        "git": commit,
+        "git_dirty": dirty,
         "command": " ".join(["python", "bench/fuzz.py", *sys.argv[1:]]),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)

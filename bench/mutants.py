@@ -955,6 +955,15 @@ mutant(
     "refused without saying how to clear the way",
 )
 mutant(
+    "hostile-piece-axis-unchecked",
+    "hostile",
+    "plamo2_tools/shards/manifest.py",
+    "            if cut >= len(shape):",
+    "            if False:",
+    (HOSTILE + "::test_manifest_piece_along_an_axis_the_tensor_lacks",),
+    "resharding a manifest whose record lost its shape: IndexError (exit 70)",
+)
+mutant(
     "batch-foreign-output-taken",
     "batch",
     FILE_OUT,

@@ -327,12 +327,16 @@ def _typed(directory: Path, raw: dict[str, Any], fmt: ShardFormat) -> Manifest:
         rank = int(rank_str)
         entries[rank] = {}
         for tkey, rec in _dict(tensors).items():
+            shape, pieces = _shape(rec["shape"]), tuple(_piece(p) for p in _list(rec["pieces"]))
+            cut = max((p.dim for p in pieces), default=-1)
+            if cut >= len(shape):  # along an axis the tensor lacks: IndexError resharding (fuzz, issue 28)
+                raise ValueError(f"tensor {tkey}: a piece cut along dim {cut} of its {len(shape)}-d shape")
             t = OutputTensor(
                 key=tkey,
                 source=_str(rec["source"]),
-                shape=_shape(rec["shape"]),
+                shape=shape,
                 dtype=parse_dtype(rec["dtype"]),
-                pieces=tuple(_piece(p) for p in _list(rec["pieces"])),
+                pieces=pieces,
                 transforms=tuple(parse_transform(x) for x in _list(rec["transforms"])),
             )
             entries[rank][tkey] = TensorEntry(

@@ -221,3 +221,15 @@ def test_force_over_a_manifest_naming_outside_files_says_how_to_clear_it(run, on
     assert "'../outside/secret.txt' is not a plain file name" in line, line
     assert f"delete {out} yourself" in line and "or write into another directory" in line, line
     assert sorted(p.name for p in out.iterdir()) == before
+
+
+def test_manifest_piece_along_an_axis_the_tensor_lacks(run, one_line_error, tiny_shards, work) -> None:
+    """Found by the long fuzz campaign (reports/fuzz/fuzz-issue28.json): a 2-d tensor's record with
+    shape [] kept its pieces cut along dim 1; resharding and merging indexed the missing axis
+    (IndexError, exit 70 on 6fb717f; `check` there: exit 1).  Malformed where it is read (exit 2)."""
+    shards = _copy(tiny_shards, work / "shards")
+    key = "model.layers.layers.0.mixer.bcdt_proj.weight"  # cut along dim 1 at tp 2
+    _edit_json(shards / MANIFEST, lambda m: m["tensors"]["0"][key].update(shape=[]))
+    for args in (["convert", shards, work / "tp1", "--tp", 1], ["merge", shards, work / "merged"], ["check", shards]):
+        line = one_line_error(run(*args), 2)
+        assert "malformed manifest" in line and "a piece cut along dim 1 of its 0-d shape" in line, (args, line)
