@@ -243,8 +243,9 @@ class ResultsFile:
         self.path = self.out.path
         self.fd: int | None = None
         try:
-            self.raw = self.out.read().decode("utf-8", errors="replace").splitlines()
+            self.raw = self.out.read().decode("utf-8", errors="replace").splitlines()  # as found, header first
             self._check_header()
+            self.has_header = bool(self.raw)  # False: the header is written with the first record
         except BaseException:
             self.close()
             raise
@@ -273,7 +274,7 @@ class ResultsFile:
             index = record.get("index")
             if isinstance(index, int) and wanted.get(index) == record.get("input_sha256"):
                 found[index] = record
-        if self.raw and len(found) != len(self.raw) - 1:
+        if self.has_header and len(found) != len(self.raw) - 1:
             self.rewrite(sorted(found.values(), key=lambda r: r["index"]))
         return found
 
@@ -281,12 +282,12 @@ class ResultsFile:
         """The whole file at once (header first), by rename: a kill leaves the old file or the new one."""
         self._close_fd()
         self.out.replace([self.header_line, *(_record_line(r) for r in records)])
-        self.raw = ["header", *(("x",) * len(records))]  # only its length is read again
+        self.has_header = True
 
     def append(self, record: dict[str, Any]) -> None:
         """One more record, flushed to the file as one write (the header goes first into a new file)."""
         if self.fd is None:
-            if not self.raw:
+            if not self.has_header:
                 self.rewrite([])
             self.fd = self.out.append_fd()
         write_all(self.fd, _record_line(record), self.path)

@@ -121,7 +121,7 @@ def test_a_resume_with_another_model_or_settings_is_refused(run, one_line_error,
 
 
 def test_a_line_beyond_memory_is_exit_3(run, one_line_error, checkpoint, work) -> None:
-    """A model declaring 2**34 positions and a line asking for 2**33 tokens: main sized the KV
+    """A model declaring 2**31 - 1 positions and a line asking for 2**30 tokens: main sized the KV
     cache by the longest line and ended in exit 70 (the loop's failure wrapped in an EngineError).
     Here the cap (`--max-context`, 4096 by default) refuses the line with an error record naming
     it, and where the user raises the cap past memory, the allocation failure is exit 3 with one
@@ -131,15 +131,15 @@ def test_a_line_beyond_memory_is_exit_3(run, one_line_error, checkpoint, work) -
 
     shutil.copytree(checkpoint("tiny"), ckpt)
     config = json.loads((ckpt / "config.json").read_text())
-    config["max_position_embeddings"] = 2**34
+    config["max_position_embeddings"] = 2**31 - 1  # the most a config may declare (model/limits.py)
     (ckpt / "config.json").write_text(json.dumps(config))
     shards = work / "shards"
     _ok(run("convert", ckpt, shards, "--json"))
-    src = _requests(work, ['{"prompt": [1, 2], "max_tokens": 8589934592}'])
+    src = _requests(work, [json.dumps({"prompt": [1, 2], "max_tokens": 2**30})])
     out = work / "res.jsonl"
     line = one_line_error(_batch(run, shards, src, out, "--strict"), 2)
     assert "maximum context length is 4096" in line and "--max-context 4096" in line, line
-    r = _batch(run, shards, src, out, "--max-context", 2**33 + 2, memory=6 << 30, timeout=300)
+    r = _batch(run, shards, src, out, "--max-context", 2**30 + 2, memory=6 << 30, timeout=300)
     line = one_line_error(r, 3)
     assert line.startswith("error: out of memory (CPU)"), line
     assert not out.exists() or len(out.read_text().splitlines()) <= 1  # nothing that looks like a result
