@@ -48,3 +48,7 @@ def test_the_contract_can_fail() -> None:
     assert verdict(2, "", "Traceback (most recent call last):\nerror: x") == "a traceback"
     assert verdict(3, "", "error: a\nerror: b\n") is not None
     assert verdict(2, "", "WARNING skipped\nerror: x\n") is not None
+    # a batch file's refused lines: `warning:` lines before the one error line, only where allowed
+    assert verdict(2, "", "warning: line 1\nerror: x\n", warnings=True) is None
+    assert verdict(2, "", "warning: line 1\nerror: x\n") is not None
+    assert verdict(2, "", "warning: line 1\n", warnings=True) is not None
