@@ -89,7 +89,7 @@ def _yarn(**change):  # type: ignore[no-untyped-def]
         ("tiny3-yarn", _yarn(beta_fast=1.0), "must be > beta_slow = 1.0"),
         ("tiny3-yarn", _yarn(beta_slow=0), "beta_slow of the full-attention layers = 0.0: must be > 0"),
         ("tiny3-yarn", _yarn(rope_theta=1.0), "must be > 1 with YaRN"),
-        ("tiny3", lambda c: c.update(eos_token_id="2"), "eos_token_id = \"2\": must be a token id"),
+        ("tiny3", lambda c: c.update(eos_token_id="2"), "eos_token_id = '2': must be a token id"),
         # PLaMo 2's config, checked for the same classes
         ("tiny", lambda c: c.update(num_hidden_layers=10**9), "num_hidden_layers = 1000000000: must be at most 4096"),
         ("tiny", lambda c: c.update(rope_theta=float("inf")), "rope_theta = inf: must be a finite number"),

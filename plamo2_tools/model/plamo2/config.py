@@ -11,7 +11,7 @@ from typing import Any
 from ...errors import CheckpointError, ConfigError
 from ...jsonio import CONFIG_BYTES, read_json
 from ..layout import padded_vocab
-from ..limits import int_problem, shown_int
+from ..limits import int_problem, shown_int, token_ids
 
 REQUIRED_KEYS = (
     "hidden_size",
@@ -182,7 +182,7 @@ class Plamo2Config:
             _int({"k": values["max_position_embeddings"]}, "k", source, "max_position_embeddings"),
         )
         for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
-            values[key] = _token_ids(values[key], source, key, many=key == "eos_token_id")
+            values[key] = token_ids(values[key], source, key, many=key == "eos_token_id")
         values["mamba_enabled"] = _bool(values["mamba_enabled"], source, "mamba_enabled")
         values["tie_word_embeddings"] = _bool(values["tie_word_embeddings"], source, "tie_word_embeddings")
         known = set(REQUIRED_KEYS) | set(DEFAULTS) | {"rope_local_theta"}
@@ -257,17 +257,6 @@ def _float(value: Any, source: str, name: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise ConfigError(f"{source}: {name} = {value!r:.40}: must be a finite number")
     return float(value)
-
-
-def _token_ids(value: Any, source: str, name: str, many: bool = False) -> Any:
-    """A token id (or null; for EOS also a list of ids): a string there became its characters."""
-    if value is None:
-        return None
-    values = value if many and isinstance(value, list) else [value]
-    if any(isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= 2**31 - 1 for v in values):
-        raise ConfigError(f"{source}: {name} = {value!r:.40}: must be a token id (a non-negative integer)"
-                          + (" or a list of them" if many else ""))  # fmt: skip
-    return value
 
 
 def _bool(value: Any, source: str, name: str) -> bool:

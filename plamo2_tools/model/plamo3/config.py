@@ -16,7 +16,7 @@ from typing import Any
 
 from ...errors import ConfigError
 from ..layout import padded_vocab
-from ..limits import int_problem, shown_int
+from ..limits import int_problem, shown_int, token_ids
 
 MODEL_TYPES = ("plamo3",)
 FULL, SLIDING = "full_attention", "sliding_attention"  # the layer kinds (transformers v5's names)
@@ -175,7 +175,7 @@ class Plamo3Config:
         if values["initial_context_length"] is not None:
             values["initial_context_length"] = _int(values["initial_context_length"], source, "initial_context_length")
         for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
-            values[key] = _token_ids(values[key], source, key, many=key == "eos_token_id")
+            values[key] = token_ids(values[key], source, key, many=key == "eos_token_id")
         layer_types = _layer_types(raw, values["num_hidden_layers"], values["sliding_window_pattern"], source)
         full, sliding, v5 = _ropes(raw, values, source)
         known = set(DEFAULTS) | set(LEGACY) | {"model_type", "layer_types", "rope_parameters", "rope_scaling",
@@ -367,17 +367,6 @@ def _int(value: Any, source: str, name: str) -> int:
         if isinstance(value, float) and value.is_integer():
             return int(value)
         raise ConfigError(f"{source}: {name} = {json.dumps(value)[:40]}: must be an integer")
-    return value
-
-
-def _token_ids(value: Any, source: str, name: str, many: bool = False) -> Any:
-    """A token id (or null; for EOS also a list of ids): a string there became its characters."""
-    if value is None:
-        return None
-    values = value if many and isinstance(value, list) else [value]
-    if any(isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= 2**31 - 1 for v in values):
-        raise ConfigError(f"{source}: {name} = {json.dumps(value)[:40]}: must be a token id (a non-negative integer)"
-                          + (" or a list of them" if many else ""))  # fmt: skip
     return value
 
 
