@@ -137,7 +137,9 @@ def test_a_line_beyond_memory_is_exit_3(run, one_line_error, checkpoint, work) -
     _ok(run("convert", ckpt, shards, "--json"))
     src = _requests(work, [json.dumps({"prompt": [1, 2], "max_tokens": 2**30})])
     out = work / "res.jsonl"
-    line = one_line_error(_batch(run, shards, src, out, "--strict"), 2)
+    line = one_line_error(
+        _batch(run, shards, src, out, "--strict", memory=6 << 30), 2
+    )  # capped: a mutant lifts the cap
     assert "maximum context length is 4096" in line and "--max-context 4096" in line, line
     r = _batch(run, shards, src, out, "--max-context", 2**30 + 2, memory=6 << 30, timeout=300)
     line = one_line_error(r, 3)
