@@ -53,7 +53,7 @@ W = "plamo2_tools/convert/writer.py"
 SRC_CHECK = ("tests/convert/test_source_check.py",)
 CONVERT = ("tests/convert/test_source_check.py", "tests/convert/test_convert.py")
 INTEGRITY = "plamo2_tools/shards/integrity.py"
-LOCK = "plamo2_tools/shards/lock.py"
+LOCK = "plamo2_tools/output_lock.py"
 SCHED = "plamo2_tools/runtime/serving/scheduler.py"
 SAMPLING = "plamo2_tools/runtime/serving/sampling.py"
 GEN = "plamo2_tools/runtime/serving/generation.py"
@@ -845,6 +845,186 @@ mutant(
     'filler += len(text[i].encode("utf-8"))',
     T_ENC,
     "PLaMo's trailing zeros miscounted",
+)
+
+# ---- hostile checkpoints and batch files (issue 28) ------------------------------------------------------
+# Each reverts one fix of issue 28 §2-§3; its test (tests/security/) runs the real CLI on the input.
+HOSTILE = "tests/security/test_hostile_models.py"
+BATCH = "tests/security/test_batch_output.py"
+P3 = "plamo2_tools/model/plamo3/config.py"
+VOCAB = "plamo2_tools/tokenizer/vocab.py"
+FILE_OUT = "plamo2_tools/file_output.py"
+BATCH_PY = "plamo2_tools/serve/batch.py"
+mutant(
+    "hostile-error-lines-kept",
+    "hostile",
+    CLI_ERR,
+    "{escape(one_line(message))}",
+    "{escape(message)}",
+    (HOSTILE, "-k spanning_lines"),
+    "a library's message of several lines printed as several lines",
+)
+mutant(
+    "hostile-config-bounds-late",
+    "hostile",
+    P3,
+    '                raise ConfigError(f"{source}: {key} = {shown_int(values[key])}: {problem}")',
+    "                pass",
+    (HOSTILE, "-k pattern-0 or layers-1e9"),
+    "sliding_window_pattern 0: ZeroDivisionError; 1e9 layers: all memory",
+)
+mutant(
+    "hostile-yarn-equal-betas",
+    "hostile",
+    P3,
+    "    if not rope.beta_fast > rope.beta_slow:",
+    "    if rope.beta_fast < rope.beta_slow:",
+    (HOSTILE, "-k yarn-beta-equal"),
+    "a YaRN config every run crashes on passes convert and check",
+)
+mutant(
+    "hostile-rope-type-ignored",
+    "hostile",
+    P3,
+    "        if value is not None and not isinstance(value, dict):",
+    "        if False:",
+    (HOSTILE, "-k scaling-str or parameters-list"),
+    "rope_scaling as a string silently runs without YaRN",
+)
+mutant(
+    "hostile-tokenizer-score-overflow",
+    "hostile",
+    VOCAB,
+    "    if math.isfinite(value) and not (math.isfinite(value * 1e4)",
+    "    if False and not (math.isfinite(value * 1e4)",
+    (HOSTILE, "-k score-1e308"),
+    "score 1e308: OverflowError (exit 70)",
+)
+mutant(
+    "hostile-tokenizer-surrogate",
+    "hostile",
+    VOCAB,
+    "    if not piece.isascii():",
+    "    if False:",
+    (HOSTILE, "-k surrogate"),
+    "a lone surrogate passes tokenize and convert, then crashes every decode",
+)
+mutant(
+    "hostile-tokenizer-piece-length",
+    "hostile",
+    VOCAB,
+    "    if len(piece) > MAX_PIECE_CHARS:",
+    "    if False:",
+    (HOSTILE, "-k piece-1e6"),
+    "a million-character piece: quadratic memory (or only the total's vaguer line)",
+)
+mutant(
+    "hostile-manifest-stages",
+    "hostile",
+    "plamo2_tools/shards/manifest.py",
+    "    _check_stages(mapping, int(config.num_hidden_layers))\n",
+    "",
+    (HOSTILE, "-k stages"),
+    "stages past the layers: exit 70; short of them: a model with fewer layers runs",
+)
+mutant(
+    "hostile-check-ignores-records",
+    "hostile",
+    "plamo2_tools/shards/check.py",
+    "            if record and not bad:",
+    "            if False:",
+    (HOSTILE, "-k disagrees_with_its_file"),
+    "check passes a directory every load refuses",
+)
+mutant(
+    "hostile-source-library-error",
+    "hostile",
+    "plamo2_tools/shards/source_check.py",
+    "    except Exception as e:  # noqa: BLE001 - the library's own word on a damaged file is the message",
+    "    except ZeroDivisionError as e:  # noqa: BLE001",
+    (HOSTILE, "-k truncated_source"),
+    "check --source on a truncated source: exit 70",
+)
+mutant(
+    "hostile-force-no-hint",
+    "hostile",
+    ENGINE,
+    "        raise untrusted_record(e, out) from None",
+    "        raise",
+    (HOSTILE, "-k how_to_clear"),
+    "refused without saying how to clear the way",
+)
+mutant(
+    "hostile-piece-axis-unchecked",
+    "hostile",
+    "plamo2_tools/shards/manifest.py",
+    "            if cut >= len(shape):",
+    "            if False:",
+    (HOSTILE + "::test_manifest_piece_along_an_axis_the_tensor_lacks",),
+    "resharding a manifest whose record lost its shape: IndexError (exit 70)",
+)
+mutant(
+    "batch-foreign-output-taken",
+    "batch",
+    FILE_OUT,
+    "            if head and not is_ours(head):",
+    "            if False:",
+    (BATCH, "-k never_overwritten"),
+    "a user's file replaced by results",
+)
+mutant(
+    "batch-temporary-followed",
+    "batch",
+    FILE_OUT,
+    "        fd = create_fresh(self.tmp, os.O_WRONLY)",
+    "        fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)",
+    (BATCH, "-k temporary_link"),
+    "results written through a planted link, outside",
+)
+mutant(
+    "batch-dangling-link-followed",
+    "batch",
+    FILE_OUT,
+    "        if not target.exists():",
+    "        if False:",
+    (BATCH, "-k dangling"),
+    "a file created wherever a dangling --output link points",
+)
+mutant(
+    "batch-resume-ignores-run",
+    "batch",
+    BATCH_PY,
+    "        differs = header_differences(old, self.header)",
+    "        differs = []",
+    (BATCH, "-k another_model_or_settings"),
+    "another model's answers kept as this run's",
+)
+mutant(
+    "batch-lock-per-process",
+    "batch",
+    FILE_OUT,
+    'name=f".{self.path.name}.plamo2.lock"',
+    'name=f".{self.path.name}.{os.getpid()}.lock"',
+    (BATCH, "-k second_writer"),
+    "two writers of one output both do the whole file",
+)
+mutant(
+    "batch-no-context-cap",
+    "batch",
+    BATCH_PY,
+    "    return min(int(max_context or DEFAULT_MAX_CONTEXT), positions)",
+    "    return positions",
+    (BATCH, "-k beyond_memory"),
+    "one line's max_tokens sizes the KV cache",
+)
+mutant(
+    "batch-oom-wrapped",
+    "batch",
+    BATCH_PY,
+    "                raise engine.loop.error from None",
+    "                raise",
+    (BATCH, "-k beyond_memory"),
+    "out of memory reported as a bug (exit 70)",
 )
 
 

@@ -33,6 +33,8 @@ FOUNDATION = {
     "token_ids",
     "generation_request",
     "version",
+    "output_lock",
+    "file_output",
     "__init__",
 }
 # PLaMo's tokenizer format is a leaf (it imports only errors); synth writes one for every checkpoint.

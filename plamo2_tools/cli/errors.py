@@ -45,9 +45,15 @@ INTERRUPTED = {
 }
 
 
+def one_line(message: str) -> str:
+    """A message as one line: the line breaks a library put in its own text (transformers' and
+    remote code's errors span several lines) become ` | `, so a refusal is always one line."""
+    return " | ".join(part.strip() for part in message.strip().splitlines() if part.strip())
+
+
 def error_line(message: str, label: str = "error") -> None:
     """One line on stderr, never wrapped, never read as Rich markup (messages hold [brackets])."""
-    err.print(f"[bold red]{label}:[/] {escape(message)}", highlight=False, soft_wrap=True)
+    err.print(f"[bold red]{label}:[/] {escape(one_line(message))}", highlight=False, soft_wrap=True)
 
 
 class OneLineErrors(TyperGroup):

@@ -306,6 +306,7 @@ def _typed(directory: Path, raw: dict[str, Any], fmt: ShardFormat) -> Manifest:
     m = raw["mapping"]
     mapping = Mapping(_count(m["tp_size"], 1), _count(m["pp_size"], 1),
                       tuple((_count(a), _count(b)) for a, b in _list(m["stages"])))  # fmt: skip
+    _check_stages(mapping, int(config.num_hidden_layers))
     ranks = tuple(
         RankRecord(
             _count(r["rank"]),
@@ -329,12 +330,16 @@ def _typed(directory: Path, raw: dict[str, Any], fmt: ShardFormat) -> Manifest:
         rank = _count(int(rank_str))
         entries[rank] = {}
         for tkey, rec in _dict(tensors).items():
+            shape, pieces = _shape(rec["shape"]), tuple(_piece(p) for p in _list(rec["pieces"]))
+            cut = max((p.dim for p in pieces), default=-1)
+            if cut >= len(shape):  # along an axis the tensor lacks: IndexError resharding (fuzz, issue 28)
+                raise ValueError(f"tensor {tkey}: a piece cut along dim {cut} of its {len(shape)}-d shape")
             t = OutputTensor(
                 key=tkey,
                 source=_str(rec["source"]),
-                shape=_shape(rec["shape"]),
+                shape=shape,
                 dtype=parse_dtype(rec["dtype"]),
-                pieces=tuple(_piece(p) for p in _list(rec["pieces"])),
+                pieces=pieces,
                 transforms=tuple(parse_transform(x) for x in _list(rec["transforms"])),
             )
             entries[rank][tkey] = TensorEntry(
@@ -367,6 +372,19 @@ def _typed(directory: Path, raw: dict[str, Any], fmt: ShardFormat) -> Manifest:
         files=files,
         entries=entries,
     )
+
+
+def _check_stages(mapping: Mapping, layers: int) -> None:
+    """`mapping.stages` must cut the config's layers into `pp_size` consecutive non-empty ranges: the
+    runtime builds each stage's layers from it (a stage past the last layer was exit 70; one short
+    of it silently ran fewer layers: issue 28)."""
+    bounds = [0, *(b for _, b in mapping.stages)]
+    starts = [a for a, _ in mapping.stages]
+    if (mapping.tp < 1 or len(mapping.stages) != mapping.pp or starts != bounds[:-1] or bounds[-1] != layers
+            or any(a >= b for a, b in mapping.stages)):  # fmt: skip
+        shown = json.dumps([list(x) for x in mapping.stages])[:80]
+        raise CheckpointError(f"mapping.stages {shown} does not split the {layers} layers of config.json into "
+                              f"pp_size = {mapping.pp} consecutive non-empty ranges: malformed manifest")  # fmt: skip
 
 
 def _side_files(raw: dict[str, Any], fmt: ShardFormat) -> dict[str, SideRecord]:
