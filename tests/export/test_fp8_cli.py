@@ -64,9 +64,8 @@ def test_a_complete_export_with_llm_compressors_config_and_its_measured_figures(
 def test_verify_judges_an_fp8_directory_and_catches_a_broken_one(cli, checkpoint, one_line_error, tmp_path) -> None:
     """`verify OUT --reference SRC` detects the directory as an fp8 target and reads the export's own files: scales
     given to the wrong rows (a layout bug; a uniform factor would not do, PLaMo's post-norms cancel it) diverge (exit
-    1, the first divergent position named) at a KL far above the clean export's.  Shown to fail: DequantizedWeights
-    reading the FP8 codes without multiplying by their scales made the clean export diverge too (KL ~ 8), and
-    returning the source's weights (no export read at all) made the broken one pass."""
+    1, the first divergent position named) at a KL far above the clean export's.  Shown to fail: deploy/fp8.py's
+    DequantizedWeights using the FP8 codes without multiplying by their scales (the clean export then diverged)."""
     src = checkpoint("tiny3", dtype="bfloat16")
     out = tmp_path / "fp8"
     cli("export", "fp8", src, out, "--no-verify")
@@ -235,3 +234,21 @@ def test_ctrl_c_stops_the_queued_jobs(cli, checkpoint, monkeypatch, tmp_path) ->
     monkeypatch.setattr(export_module, "quantize_rows", counting)
     cli("export", "fp8", checkpoint("tiny3-mqa"), tmp_path / "fp8", "--no-verify", "--workers", "1", expect=130)
     assert len(calls) == 2
+
+
+def test_verify_refuses_a_damaged_fp8_directory_in_one_line(cli, checkpoint, one_line_error, tmp_path) -> None:
+    """An FP8 weight whose scale is gone is refused before the reference runs (exit 2), naming it.  Shown to fail
+    with the scale check removed from deploy/fp8.py's quantized_names (a KeyError: exit 70)."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    src = checkpoint("tiny3")
+    out = tmp_path / "fp8"
+    cli("export", "fp8", src, out, "--no-verify")
+    gone = "model.layers.layers.0.mlp.down_proj.weight_scale"
+    with safe_open(str(out / "model.safetensors"), "pt") as f:
+        tensors = {k: f.get_tensor(k) for k in f.keys() if k != gone}  # noqa: SIM118
+        meta = f.metadata()
+    save_file(tensors, str(out / "model.safetensors"), metadata=meta)
+    line = one_line_error(cli("verify", out, "--reference", src, expect=2), 2)
+    assert "model.layers.layers.0.mlp.down_proj.weight: FP8 without its .weight_scale" in line, line
