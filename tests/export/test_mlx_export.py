@@ -314,3 +314,17 @@ def test_an_export_from_shards_verifies_against_the_reference(cli, checkpoint, s
     assert v["reference"]["path"] == str(checkpoint("tiny3")), v["summary"]
     hf = v["targets"][0]["conventions"]["window_convention=hf"]["teacher_forced"]
     assert hf["divergent_positions"] == 0 and hf["mean_kl"] < 1e-8
+
+
+def test_verify_on_the_output_gives_the_export_s_verdict(cli, plamo_checkpoint, tmp_path: Path) -> None:  # noqa: ANN001
+    """`plamo2-tools verify OUT --reference SRC` on an exported directory: the same judge as the export's own
+    verification (a float32 export passes, under the float32 thresholds the target declares).  Shown to fail
+    before MLXTarget named its options (open_target handed it every verify option and it refused them: exit 2)
+    and, for the precision, with `precision` dropped from MLXTarget.info (judged as the assumed bfloat16)."""
+    src = plamo_checkpoint("tiny", **WIDE)
+    out = tmp_path / "mlx"
+    export(cli, src, out, "--no-verify")
+    result = json.loads(cli("verify", out, "--reference", src, "--random", 2, "--max-new-tokens", 2, "--json").stdout)
+    t = result["targets"][0]
+    assert result["passed"] and t["kind"] == "mlx" and t["precision"] == "float32", t["failures"]
+    assert t["precision_source"] == "the target (float32)"
