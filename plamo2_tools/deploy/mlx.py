@@ -26,13 +26,8 @@ from mlx_lm.utils import load_model
 from ..errors import CheckpointError, UserError
 from ..model.registry import family_of, load_config
 from ..shards.owned import ensure_readable_checkpoint
+from .compare import log_softmax
 from .target import Continuation, Scores
-
-
-def log_softmax(logits: np.ndarray) -> np.ndarray:
-    x = logits.astype(np.float64)
-    x = x - x.max(axis=-1, keepdims=True)
-    return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
 
 
 class MLXTarget:
