@@ -20,8 +20,10 @@ INSPECT_KIND, INSPECT_SCHEMA_VERSION = "plamo2-inspect", 1  # inspect --json: in
 VERIFY_KIND, VERIFY_SCHEMA_VERSION = "plamo2-verify", 1  # demo's per-layout verify: verify.py
 VERIFY_TARGETS_KIND, VERIFY_TARGETS_SCHEMA_VERSION = "plamo2-verify-targets", 1  # verify TARGET: deploy/verify.py
 EVAL_KIND, EVAL_SCHEMA_VERSION = "plamo2-eval", 1  # eval's results.json: eval/harness.py
-EXPORT_MLX_KIND, EXPORT_MLX_SCHEMA_VERSION = "plamo2-export-mlx", 1  # OUT/plamo2_export.json: export/mlx.py
-EXPORT_FP8_KIND, EXPORT_FP8_SCHEMA_VERSION = "plamo2-export", 1  # OUT/plamo2_export.json: export/fp8.py
+# The exports' records: 3 since their `verification` is `verify`'s own result (2 is BENCH_SCHEMA_VERSION, the
+# benchmark envelope every kind may carry, so an export record skips it).
+EXPORT_MLX_KIND, EXPORT_MLX_SCHEMA_VERSION = "plamo2-export-mlx", 3  # OUT/plamo2_export.json: export/mlx.py
+EXPORT_FP8_KIND, EXPORT_FP8_SCHEMA_VERSION = "plamo2-export", 3  # OUT/plamo2_export.json: export/fp8.py
 
 # ---- the benchmark suite (`python -m bench NAME`, docs/benchmarks.md) --------------------------------
 # Every benchmark writes one envelope (bench/common.py: benchmark, machine, commit, command,

@@ -117,14 +117,18 @@ def fp8(
         bool,
         typer.Option(
             "--verify/--no-verify",
-            help="Read the export back, dequantize it and run the reference forward on it and on SRC; the "
-            "measured KL and top-1 agreement go to OUT/plamo2_export.json.",
+            help="Judge the export as `verify OUT --reference SRC` does (the fp8 target: the export read back and "
+            "run as W8A8); the result goes to OUT/plamo2_export.json.",
         ),
     ] = True,
-    verify_sequences: Annotated[int, typer.Option(help="Fixed random token sequences verified.")] = 4,
-    verify_tokens: Annotated[int, typer.Option(help="Tokens per verified sequence.")] = 32,
+    reference: Annotated[
+        Path | None,
+        typer.Option(help="The HF checkpoint to verify against (default: SRC; needed when SRC is a shard directory)."),
+    ] = None,
+    verify_sequences: Annotated[int, typer.Option(help="Prompts of the export prompt set verified.")] = 4,
+    verify_tokens: Annotated[int, typer.Option(help="The longest prompt, in tokens (12 to this).")] = 40,
     verify_dtype: Annotated[
-        str, typer.Option(help="Precision of both reference forwards: float64, or float32 for large models.")
+        str, typer.Option(help="Precision of both forwards (reference and FP8): float64, or float32 for large models.")
     ] = "float64",
     max_kl: Annotated[
         float | None,
@@ -148,28 +152,25 @@ def fp8(
         raise UserError("--verify-sequences, --verify-tokens and --workers must be at least 1")
     if max_kl is not None and not max_kl >= 0:
         raise UserError(f"--max-kl {max_kl}: must be a number >= 0")
-    options = {"sequences": verify_sequences, "tokens": verify_tokens, "dtype": verify_dtype}
+    options = {"count": verify_sequences, "lengths": (min(12, verify_tokens), verify_tokens),
+               "precision": verify_dtype, "dtype": verify_dtype}  # fmt: skip
     with byte_progress(f"export fp8 {src}", enabled=not as_json) as progress:
         result = export_fp8(
-            src, out_dir, max_part_size=parse_size(max_part_size), force=force, verify=verify,
+            src, out_dir, max_part_size=parse_size(max_part_size), force=force, verify=verify, reference=reference,
             verify_options=options, max_kl=max_kl, workers=workers, progress=progress, on_plan=progress.start,
         )  # fmt: skip
+    v = result.verification
     if as_json:
         print_json(result.record)
-        return
-    v = result.verification
-    checked = (
-        f"; verified on {v['variants']['w8a8']['positions']} positions: mean KL {v['kl_mean']:.3g} (weights only "
-        f"{v['variants']['weights']['kl_mean']:.3g}), top-1 agreement {v['top1_agreement']:.1%}"
-        if v
-        else "; not verified (--no-verify)"
-    )
-    out.print(
-        f"exported {src} to {out_dir} as FP8: {result.quantized} linears quantized, {len(result.files)} file(s), "
-        f"{result.output_bytes / 1e9:.3f} GB (source {result.source_bytes / 1e9:.3f} GB) in {result.seconds:.2f} s"
-        + checked,
-        highlight=False,
-    )
+    else:
+        out.print(
+            f"exported {src} to {out_dir} as FP8: {result.quantized} linears quantized, {len(result.files)} file(s), "
+            f"{result.output_bytes / 1e9:.3f} GB (source {result.source_bytes / 1e9:.3f} GB) in {result.seconds:.2f} s",
+            highlight=False,
+        )
+        out.print(f"  verified: {v['summary']}" if v else "  not verified (--no-verify)", highlight=False)
+    if v and not v["passed"]:
+        raise CheckFailed(f"{out_dir}: the FP8 export diverges from the reference: {v['summary']}")
 
 
 for _name, _fn in (("gguf", gguf), ("mlx", mlx), ("fp8", fp8)):

@@ -121,7 +121,9 @@ def merge(
 
 
 def check(
-    path: Annotated[Path, typer.Argument(help="A shard directory made by `plamo2-tools convert`.")],
+    path: Annotated[
+        Path, typer.Argument(help="A shard directory made by `plamo2-tools convert`, or an export mlx / fp8 directory.")
+    ],
     source: Annotated[
         Path | None,
         typer.Option(
@@ -133,7 +135,12 @@ def check(
 ) -> None:
     """Verify a shard directory without running the model: files, sizes and digests, headers and
     metadata, tensor digests, replicas, vocab padding and source coverage; with --source, also every
-    tensor against the source checkpoint.  Exit 1 on a problem."""
+    tensor against the source checkpoint.  An `export mlx` / `export fp8` directory (with --source): every
+    tensor re-derived from the checkpoint, quantized ones by quantizing again, and the config.  Exit 1 on a problem."""
+    from ..export.check import export_format
+
+    if export_format(path) is not None:
+        return _check_export(path, source, as_json)
     if source is not None:
         from ..shards.source_check import source_files
 
@@ -193,3 +200,21 @@ def _check_source(path: Path, source: Path, as_json: bool) -> Any:
         if len(report.problems) > 20:
             out.print(f"  ... and {len(report.problems) - 20} more", highlight=False)
     return report
+
+
+def _check_export(path: Path, source: Path | None, as_json: bool) -> None:
+    from ..errors import UserError
+    from ..export.check import check_export
+
+    if source is None:
+        raise UserError(f"{path}: checking an export needs --source (the checkpoint it was exported from)")
+    report = check_export(path, source)
+    if as_json:
+        print_json(report.to_dict())
+    if not report.ok:
+        raise CheckFailed(f"{path}: {len(report.problems)} problem(s) against {source}; first: {report.problems[0]}")
+    if not as_json:
+        out.print(
+            f"[green]ok[/]: all {report.tensors} tensors and the config of {path} match {source}", highlight=False
+        )
+        out.print(f"  independently: {report.independent}", highlight=False)

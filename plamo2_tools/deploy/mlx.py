@@ -26,13 +26,8 @@ from mlx_lm.utils import load_model
 from ..errors import CheckpointError, UserError
 from ..model.registry import family_of, load_config
 from ..shards.owned import ensure_readable_checkpoint
+from .compare import log_softmax
 from .target import Continuation, Scores
-
-
-def log_softmax(logits: np.ndarray) -> np.ndarray:
-    x = logits.astype(np.float64)
-    x = x - x.max(axis=-1, keepdims=True)
-    return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
 
 
 class MLXTarget:
@@ -40,11 +35,10 @@ class MLXTarget:
     full_logits = True
     top_k = 0
 
-    def __init__(self, spec: str, check_writer: bool = True, **options: Any) -> None:
+    def __init__(self, spec: str, check_writer: bool = True) -> None:
         """`check_writer`: refuse a directory being written or left unfinished by one of our
-        writers (export's own verification, which holds the directory, passes False)."""
-        if options:
-            raise UserError(f"{spec}: the MLX target takes no option {', '.join(sorted(options))}")
+        writers (export's own verification, which holds the directory, passes False).  No other
+        option: `open_target` passes an adapter only the options its constructor names."""
         self.location = spec
         self.path = Path(spec)
         if check_writer:
@@ -69,6 +63,7 @@ class MLXTarget:
             "model_type": self.mlx_config.get("model_type"),
             "quantization": quant,
             "dtype": self._dtype(),
+            "precision": self._precision(quant),
             "vocab_size": self.config.vocab_size,
             "eos_token_ids": list(self.config.eos_token_ids),
             "known_differences": differences,
@@ -80,6 +75,14 @@ class MLXTarget:
 
         dtypes = sorted({str(v.dtype).removeprefix("mlx.core.") for _, v in tree_flatten(self.model.parameters())})
         return ",".join(dtypes)
+
+    def _precision(self, quant: Any) -> str:
+        """What the thresholds are picked by (target.Target.info): a quantized directory is
+        "mlx-affine-<bits>bit" (judged as quantized), otherwise its least precise float type."""
+        if isinstance(quant, dict):
+            return f"mlx-affine-{quant.get('bits')}bit"
+        dtypes = set(self._dtype().split(","))
+        return next((d for d in ("bfloat16", "float16") if d in dtypes), "float32")
 
     def can_score(self) -> bool:
         return True

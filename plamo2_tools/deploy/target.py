@@ -23,7 +23,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ..errors import UserError
+from ..errors import Plamo2Error, UserError
+from ..jsonio import CONFIG_BYTES, read_object
 
 
 @dataclass(frozen=True)
@@ -50,7 +51,7 @@ class Continuation:
 class Target(Protocol):
     """One deployment under test.  Implementations live one per file in this package."""
 
-    kind: str  # "shards" | "server" | "gguf" | "mlx"
+    kind: str  # "shards" | "server" | "gguf" | "mlx" | "fp8"
     location: str  # what the user named (a path or a base URL), for the report
     full_logits: bool  # whether Scores.logprobs / Continuation.logprobs are filled
     top_k: int  # how many alternatives `top` holds when not full (0 when full)
@@ -90,7 +91,21 @@ TARGETS: dict[str, str] = {
     "server": "plamo2_tools.deploy.server:ServerTarget",
     "gguf": "plamo2_tools.deploy.gguf:GGUFTarget",
     "mlx": "plamo2_tools.deploy.mlx:MLXTarget",
+    "fp8": "plamo2_tools.deploy.fp8:FP8Target",
 }
+
+
+def is_fp8_config(config_path: Path) -> bool:
+    """Whether config.json says compressed-tensors float-quantized (the FP8 target's mark); a
+    missing or unreadable file says no (the caller's own reader refuses it in one line)."""
+    try:
+        raw = read_object(config_path, CONFIG_BYTES, "a config")
+    except Plamo2Error:  # detection only: the opener reports what is wrong, in one line
+        return False
+    q = raw.get("quantization_config")
+    return (
+        isinstance(q, dict) and q.get("quant_method") == "compressed-tensors" and q.get("format") == "float-quantized"
+    )
 
 
 def detect_kind(spec: str) -> str:
@@ -109,6 +124,8 @@ def detect_kind(spec: str) -> str:
 
         if (path / MANIFEST_NAME).is_file():
             return "shards"
+        if is_fp8_config(path / "config.json"):
+            return "fp8"
         if (path / "config.json").is_file() and any(path.glob("*.safetensors")):
             return "mlx"
         raise UserError(f"{spec}: neither a shard directory nor an MLX model directory (no config.json + safetensors)")

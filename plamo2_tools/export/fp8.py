@@ -24,10 +24,11 @@ embedding); norms, the embedding and the head keep their bytes.  The values are 
 with torch's rounding (numerics.py), so this command imports no torch unless it verifies.
 
 Output safety as `merge`: OUT's lock, `.plamo2_written.json` before the first byte, weights under
-`.partial` names renamed when complete, `config.json` last, so an interrupted export never looks
-like a checkpoint.  Unless told not to, the export ends by reading its own files back, dequantizing
-them and running the reference forward on both (export/fp8_verify.py): the measured KL and top-1
-agreement go to `plamo2_export.json` beside the weights (and to `report`).
+`.partial` names renamed when complete, `config.json` after them (and taken away again when the run
+stops during its verification), so an interrupted export never looks like a checkpoint.  Unless told
+not to, the export ends with `verify OUT --reference SRC` in-process (export/verified.py: the `fp8`
+deploy target, deploy/fp8.py, judged by deploy/verify.py): the result goes to `plamo2_export.json`
+beside the weights (and to `report`).
 """
 
 from __future__ import annotations
@@ -50,13 +51,14 @@ from ..dtypes import FLOAT8_E4M3, DType
 from ..errors import CheckFailed, CheckpointError, UserError
 from ..jsonio import CONFIG_BYTES, read_object
 from ..kinds import EXPORT_FP8_KIND, EXPORT_FP8_SCHEMA_VERSION
-from ..model.checkpoint import INDEX_NAME, hf_file_names
+from ..model.checkpoint import INDEX_NAME, HFCheckpoint, hf_file_names
 from ..model.layout import GLOBAL, applies
-from ..model.registry import family_of
+from ..model.registry import family_of, hf_tensor_shapes
 from ..outputs import check_free_space, make_output_dir, prepare_output, write_record
 from ..safe_files import copy_file
 from ..safetensors_io import PartialFile, atomic_write_text, plan_file, tensor_bytes
 from ..shards.lock import OutputLock, ensure_not_being_written
+from ..shards.owned import ensure_readable_checkpoint
 from .fp8_format import (
     COMPRESSED_TENSORS_VERSION,
     SCALE_DTYPES,
@@ -251,6 +253,35 @@ def _refuse_quantized(config_path: Path) -> dict[str, Any]:
     return raw
 
 
+def _reference(source: Source, reference: str | Path | None) -> Path:
+    """The HF checkpoint the export is verified against: --reference, else the source when it is one
+    (refused before writing when neither, or when it is not shaped like the source)."""
+    if reference is None:
+        if source.kind == "shards":
+            raise UserError(f"{source.path} is a shard directory: give --reference HF_CHECKPOINT to verify, or "
+                            "--no-verify")  # fmt: skip
+        return Path(source.path)
+    ref = Path(reference)
+    ensure_readable_checkpoint(ref)
+    with HFCheckpoint(ref) as ckpt:
+        ckpt.check_inventory()
+        if hf_tensor_shapes(ckpt.config) != hf_tensor_shapes(source.config):
+            raise UserError(f"--reference {ref} is not shaped like the model being exported")
+    return ref
+
+
+def measured_kl(verification: dict[str, Any]) -> float | None:
+    """The mean KL a verification measured (teacher-forced, under the convention the target follows or
+    else the first); None when the target could not run."""
+    targets = verification.get("targets") or []
+    if not targets:
+        return None
+    t = targets[0]
+    r = t["conventions"][t["follows"][0] if t["follows"] else next(iter(t["conventions"]))]
+    kl = (r["teacher_forced"] or r["greedy"])["mean_kl"]
+    return None if kl is None else float(kl)
+
+
 def _index(plan: Plan) -> str:
     weight_map = {t.name: fname for fname, group in zip(plan.file_names, plan.files, strict=True) for t in group}
     total = sum(t.nbytes for t in plan.tensors)
@@ -264,6 +295,7 @@ def export_fp8(
     max_part_size: int = DEFAULT_MAX_PART_SIZE,
     force: bool = False,
     verify: bool = True,
+    reference: str | Path | None = None,
     verify_options: dict[str, Any] | None = None,
     max_kl: float | None = None,
     workers: int = 2,
@@ -277,6 +309,7 @@ def export_fp8(
     _refuse_quantized(Path(src) / LAST)  # before the reader, which would only see unexpected tensors
     source = open_source(src)
     lock: OutputLock | None = None
+    config_written = finished = False
     try:
         problems = output_path_problems(source.path, out)
         if problems:
@@ -284,6 +317,8 @@ def export_fp8(
         ensure_not_being_written(out)
         if source.kind == "shards":
             source.verify()  # type: ignore[attr-defined]  # a damaged shard must not come back quantized
+        if verify:
+            reference = _reference(source, reference)
         sides = source_side_files(source)
         config_path = next((p for p in sides if p.name == LAST), None)
         if config_path is None:
@@ -311,11 +346,16 @@ def export_fp8(
         if len(plan.files) > 1:
             atomic_write_text(out / INDEX_NAME, _index(plan) + "\n")
         written_s = time.perf_counter() - start
+        # config.json before the verification (the fp8 target reads it, as vLLM would), taken away
+        # again if the run stops before the record says complete: never a half-verified checkpoint.
+        config = {**raw, "quantization_config": quantization_config(plan.ignore)}
+        atomic_write_text(out / LAST, json.dumps(config, indent=2, sort_keys=True))
+        config_written = True
         verification = None
         if verify:
-            from .fp8_verify import verify_export  # torch: only when verifying
+            from .verified import verify_export  # torch: only when verifying
 
-            verification = verify_export(source, out, plan.file_names, plan.quantized, **(verify_options or {}))
+            verification = verify_export("fp8", out, reference, **(verify_options or {}))
         record = {
             "kind": EXPORT_KIND,
             "schema_version": EXPORT_SCHEMA_VERSION,
@@ -336,16 +376,17 @@ def export_fp8(
             "max_kl": max_kl,
         }
         atomic_write_text(out / SIDE_JSON, json.dumps(record, indent=1) + "\n")
-        config = {**raw, "quantization_config": quantization_config(plan.ignore)}
-        atomic_write_text(out / LAST, json.dumps(config, indent=2, sort_keys=True))
         write_record(out, "export fp8", str(source.path), writes, "complete")
+        finished = True
         result = ExportResult(out, plan.file_names, len(plan.quantized), time.perf_counter() - start, source_bytes,
                               output_bytes, verification, record)  # fmt: skip
     finally:
+        if config_written and not finished:
+            (out / LAST).unlink(missing_ok=True)
         if lock is not None:
             lock.release()
         source.close()
-    kl = None if verification is None else verification["kl_mean"]
+    kl = None if verification is None else measured_kl(verification)
     if max_kl is not None and kl is not None and kl > max_kl:
         raise CheckFailed(f"{out}: FP8 export written, but its measured mean KL {kl:.3g} exceeds --max-kl {max_kl:g} "
                           f"({SIDE_JSON})")  # fmt: skip

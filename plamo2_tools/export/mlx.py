@@ -9,7 +9,8 @@ byte (`.plamo2_written.json`, outputs.py), every file is created fresh under a t
 renamed when complete, a file of someone else's is never written over (`--force` replaces only
 ours), and `config.json` (what makes the directory loadable) is written after every weight and
 taken away again if the run stops before the end, so an interrupted export never looks complete.
-No PyTorch and no MLX here; the verification that ends an export (`verified.py`) loads both.
+No PyTorch and no MLX here; the verification that ends an export (`verified.py`: `verify`'s judge on
+the MLX target) loads both.
 """
 
 from __future__ import annotations
@@ -418,16 +419,8 @@ def verifier(reference: Path, recipe: Recipe, config: Any = None) -> Callable[[P
             raise UserError(f"--reference {reference} is not shaped like the model being exported")
 
     def run(path: Path, planned: list[Planned]) -> dict[str, Any]:
-        from ..deploy.mlx import MLXTarget
-        from .verified import bound_for, verify_target
+        from .verified import verify_export
 
-        dtypes = {p.dtype.name for p in planned}
-        target = MLXTarget(str(path), check_writer=False)
-        try:
-            return verify_target(
-                target, reference, bound_for("float32" if dtypes == {"float32"} else "half", recipe.bits)
-            )
-        finally:
-            target.close()
+        return verify_export("mlx", path, reference)
 
     return run

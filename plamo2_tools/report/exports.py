@@ -16,7 +16,11 @@ def render(docs: list[Doc], ctx: Context) -> list[str]:
     lines = ["## Exports", ""]
     for kind, title, make in (
         (EXPORT_MLX, "export mlx, verified with mlx-lm", mlx_table),
-        (EXPORT_FP8, "export fp8, verified by construction (the export read back against its source)", fp8_table),
+        (
+            EXPORT_FP8,
+            "export fp8, verified by construction (`verify`'s fp8 target: the export read back, run as W8A8)",
+            fp8_table,
+        ),
         (BENCH_EXPORT_MLX, "export mlx vs cp -r", mlx_bench_table),
         (BENCH_EXPORT_FP8, "export fp8: time and memory", fp8_bench_table),
     ):
@@ -34,21 +38,46 @@ def _format(d: dict[str, Any]) -> str:
     return ",".join(map(str, dtype)) if isinstance(dtype, list) else num(dtype)
 
 
+def judged(v: dict[str, Any] | None) -> dict[str, Any]:
+    """The verdict and figures of an export's `verification`: schema 3 holds `verify`'s own result
+    (deploy/verify.py, one target); schema 1 records (the exports' earlier own judges) are read too."""
+    if not isinstance(v, dict):
+        return {"verdict": "not run"}
+    verdict = "passed" if v.get("passed") else "DIVERGED"
+    if isinstance(v.get("targets"), list):  # schema 3
+        if not v["targets"]:
+            return {"verdict": verdict, "first": v.get("error")}
+        t = v["targets"][0]
+        label = (t.get("follows") or [None])[0] or next(iter(t.get("conventions") or {"": None}))
+        r = (t.get("conventions") or {}).get(label) or {}
+        main = r.get("teacher_forced") or r.get("greedy") or {}
+        first = t.get("first_divergence") or (r.get("first_divergence") if not t.get("passed") else None)
+        return {"verdict": verdict, "follows": label if t.get("follows") else None, "mean_kl": main.get("mean_kl"),
+                "max_kl": main.get("max_kl"), "top1": main.get("top1_agreement"), "positions": main.get("positions"),
+                "precision": t.get("precision"),
+                "first": "none" if first is None else f"prompt {first['prompt']} pos {first['position']}"}  # fmt: skip
+    runs = v.get("runs") or {}  # schema 1, mlx
+    run = runs.get(v.get("follows") or "") or (
+        min(runs.values(), key=lambda r: r.get("mean_kl", 1e300)) if runs else {}
+    )
+    if "variants" in v:  # schema 1, fp8
+        run = {**v["variants"].get("w8a8", {}), "mean_kl": v.get("kl_mean")}
+        run["max_kl"] = run.get("kl_max")
+    first = run.get("first_divergence")
+    where = "none" if first is None or isinstance(first, list) else f"prompt {first['prompt']} pos {first['position']}"
+    return {"verdict": verdict, "follows": v.get("follows"), "mean_kl": run.get("mean_kl"), "max_kl": run.get("max_kl"),
+            "top1": run.get("top1_agreement"), "positions": run.get("positions"), "first": where}  # fmt: skip
+
+
 def mlx_table(docs: list[Doc]) -> list[str]:
     rows = []
     for doc in docs:
         d = doc.data
-        v = d.get("verification") if isinstance(d.get("verification"), dict) else None
-        run = (v.get("runs") or {}).get(v.get("follows") or "") if v else None
-        if v and run is None and v.get("runs"):
-            run = min(v["runs"].values(), key=lambda r: r.get("mean_kl", float("inf")))
-        first = (run or {}).get("first_divergence")
-        where = MISSING if not run else "none" if first is None else f"prompt {first['prompt']} pos {first['position']}"
-        verdict = "not run" if v is None else "passed" if v.get("passed") else "DIVERGED"
+        j = judged(d.get("verification"))
         rows.append([code(doc.name), num(d.get("model_type")), _format(d), num(d.get("bits_per_weight"), ".2f"),
-                     ", ".join(x.get("key", "?") for x in d["known_differences"]) or "none", verdict,
-                     num(v.get("follows")) if v else MISSING, sci((run or {}).get("mean_kl")),
-                     num((run or {}).get("top1_agreement"), ".3f"), where])  # fmt: skip
+                     ", ".join(x.get("key", "?") for x in d["known_differences"]) or "none", j["verdict"],
+                     num(j.get("follows")), sci(j.get("mean_kl")), num(j.get("top1"), ".3f"),
+                     num(j.get("first"))])  # fmt: skip
     headers = ["File", "model", "format", "bits/weight", "mlx-lm differs in", "verdict", "follows", "mean KL",
                "top-1", "first divergence"]  # fmt: skip
     return table(headers, rows, right=(3, 7, 8))
@@ -68,17 +97,15 @@ def fp8_table(docs: list[Doc]) -> list[str]:
     rows = []
     for doc in docs:
         d = doc.data
-        v: dict[str, Any] = d.get("verification") or {}
-        variants = v.get("variants") or {}
-        w, a = variants.get("weights") or {}, variants.get("w8a8") or {}
+        j = judged(d.get("verification"))
         rows.append([code(doc.name), num(d["format"]), num(d.get("scheme")), num(d.get("family")),
-                     str(len(d.get("quantized") or [])), nbytes(d.get("output_weight_bytes")),
-                     sci(w.get("kl_mean")), sci(a.get("kl_mean")), sci(a.get("kl_max")),
-                     num(a.get("top1_agreement"), ".3f"), num(a.get("positions"), "d") if a else "not verified",
-                     num(d.get("max_kl"))])  # fmt: skip
-    headers = ["File", "format", "scheme", "family", "linears quantized", "weights", "mean KL (weights only)",
-               "mean KL (w8a8)", "max KL (w8a8)", "top-1 agreement (w8a8)", "positions", "--max-kl"]  # fmt: skip
-    return table(headers, rows, right=(4, 5, 6, 7, 8, 9, 10))
+                     str(len(d.get("quantized") or [])), nbytes(d.get("output_weight_bytes")), j["verdict"],
+                     sci(j.get("mean_kl")), sci(j.get("max_kl")), num(j.get("top1"), ".3f"),
+                     num(j.get("positions"), "d") if j.get("positions") is not None else MISSING,
+                     num(j.get("first")), num(d.get("max_kl"))])  # fmt: skip
+    headers = ["File", "format", "scheme", "family", "linears quantized", "weights", "verdict", "mean KL (w8a8)",
+               "max KL (w8a8)", "top-1 agreement (w8a8)", "positions", "first divergence", "--max-kl"]  # fmt: skip
+    return table(headers, rows, right=(4, 5, 7, 8, 9, 10))
 
 
 def fp8_bench_table(docs: list[Doc]) -> list[str]:

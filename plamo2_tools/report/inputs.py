@@ -139,8 +139,8 @@ SCHEMAS: dict[str, Schema] = {
     KILL_RESUME_KIND: Schema(KILL_RESUME, (1,), {"trials": list, "all_identical": bool}),
     BENCH_FUZZ_KIND: Schema(BENCH_FUZZ, (1,), {"targets": dict, "inputs": int, "contract_broken": int}),
     MUTANTS_KIND: Schema(MUTANTS, (1,), {"mutants": list, "total": int, "caught": int}),
-    EXPORT_MLX_KIND: Schema(EXPORT_MLX, (1,), {"model_type": str, "known_differences": list}),
-    EXPORT_FP8_KIND: Schema(EXPORT_FP8, (1,), {"format": str, "quantized": list}),
+    EXPORT_MLX_KIND: Schema(EXPORT_MLX, (1, 3), {"model_type": str, "known_differences": list}),
+    EXPORT_FP8_KIND: Schema(EXPORT_FP8, (1, 3), {"format": str, "quantized": list}),
     BENCH_EXPORT_MLX_KIND: Schema(BENCH_EXPORT_MLX, (1,), {"presets": dict}),
     BENCH_EXPORT_FP8_KIND: Schema(BENCH_EXPORT_FP8, (1,), {"baseline": dict, "results": list}),
 }

@@ -58,6 +58,7 @@ def test_byte_moving_commands_never_import_torch(preset: str, checkpoint, tmp_pa
     torch_free("merge", tmp_path / "s2", tmp_path / "m")
     torch_free("export", "mlx", src, tmp_path / "mlx", "--bits", 4, "--group-size", 32, "--no-verify", "--json")
     torch_free("check", tmp_path / "s2")
+    torch_free("check", tmp_path / "mlx", "--source", src)  # an export re-derived: numpy (and MLX), no torch
     ids = torch_free("tokenize", src, stdin=json.dumps("hello world") + "\n").stdout
     torch_free("export", "fp8", "--help")
     torch_free("export", "fp8", src, tmp_path / "fp8", "--no-verify", "--json")  # verifying runs the model

@@ -14,11 +14,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from plamo2_tools.convert.sources import open_source
 from plamo2_tools.export import fp8 as export_module
-from plamo2_tools.export.fp8 import SIDE_JSON, export_fp8, plan_export
+from plamo2_tools.export.fp8 import SIDE_JSON
 from plamo2_tools.export.fp8_format import quantization_config
-from plamo2_tools.export.fp8_verify import verify_export
 from plamo2_tools.safetensors_io import read_header
 from plamo2_tools.shards.lock import OutputLock
 
@@ -54,38 +52,43 @@ def test_a_complete_export_with_llm_compressors_config_and_its_measured_figures(
         "exactly the declared linears are FP8"
     )
     assert len(record["quantized"]) == 4 * 3  # qkv, o, gate_up, down in each of 3 layers
-    v = record["verification"]
-    for variant in ("weights", "w8a8"):
-        figures = v["variants"][variant]
-        assert 0 < figures["kl_mean"] <= figures["kl_max"] < 1 and 0.5 < figures["top1_agreement"] <= 1
-        assert figures["positions"] == 4 * 32 and len(figures["first_divergence"]) == 4
-    assert v["kl_mean"] == v["variants"]["w8a8"]["kl_mean"]
+    v = record["verification"]  # `verify`'s own result: the fp8 target judged by deploy/verify.py
+    t = v["targets"][0]
+    assert v["kind"] == "plamo2-verify-targets" and t["kind"] == "fp8" and t["precision"] == "quantized"
+    assert v["prompts"]["count"] == 4 and v["passed"] and t["follows"]
+    tf = t["conventions"][t["follows"][0]]["teacher_forced"]
+    assert 0 < tf["mean_kl"] <= tf["max_kl"] < 1 and 0.5 < tf["top1_agreement"] <= 1
+    assert tf["positions"] == sum(n - 1 for n in v["prompts"]["lengths"]) + 4 * v["max_new_tokens"]
 
 
-def test_the_figures_catch_a_broken_export(checkpoint, tmp_path) -> None:
-    """Verification reads the export's own files: scales given to the wrong rows (a layout bug; a uniform factor
-    would not do, PLaMo's post-norms cancel it) must show as a KL far above the clean export's.  Shown to fail:
-    verify_export reading the source's weights instead of the export's (the KL is then 0 both times)."""
+def test_verify_judges_an_fp8_directory_and_catches_a_broken_one(cli, checkpoint, one_line_error, tmp_path) -> None:
+    """`verify OUT --reference SRC` detects the directory as an fp8 target and reads the export's own files: scales
+    given to the wrong rows (a layout bug; a uniform factor would not do, PLaMo's post-norms cancel it) diverge (exit
+    1, the first divergent position named) at a KL far above the clean export's.  Shown to fail: deploy/fp8.py's
+    DequantizedWeights using the FP8 codes without multiplying by their scales (the clean export then diverged)."""
     src = checkpoint("tiny3", dtype="bfloat16")
     out = tmp_path / "fp8"
-    clean = export_fp8(src, out, verify=True).verification
-    source = open_source(src)
-    try:
-        plan = plan_export(source)
-        path = out / "model.safetensors"
-        header, base = header_and_payload(path)
-        data = bytearray(path.read_bytes())
-        for name, entry in header.items():
-            if name.endswith(".weight_scale"):  # every scale's rows in reverse order: each row gets another's
-                a, b = entry["data_offsets"]
-                scale = np.frombuffer(bytes(data[base + a : base + b]), np.uint16)[::-1]
-                data[base + a : base + b] = scale.tobytes()
-        path.write_bytes(bytes(data))
-        broken = verify_export(source, out, plan.file_names, plan.quantized)
-    finally:
-        source.close()
-    assert broken["kl_mean"] > 10 * clean["kl_mean"], (broken["kl_mean"], clean["kl_mean"])
-    assert broken["top1_agreement"] < clean["top1_agreement"]
+    cli("export", "fp8", src, out, "--no-verify")
+    args = ("--random", 2, "--max-new-tokens", 2, "--json")
+    clean = json.loads(cli("verify", out, "--reference", src, *args).stdout)
+    path = out / "model.safetensors"
+    header, base = header_and_payload(path)
+    data = bytearray(path.read_bytes())
+    for name, entry in header.items():
+        if name.endswith(".weight_scale"):  # every scale's rows in reverse order: each row gets another's
+            a, b = entry["data_offsets"]
+            scale = np.frombuffer(bytes(data[base + a : base + b]), np.uint16)[::-1]
+            data[base + a : base + b] = scale.tobytes()
+    path.write_bytes(bytes(data))
+    r = cli("verify", out, "--reference", src, *args, expect=1)
+    assert "diverges from the reference" in one_line_error(r, 1)
+    broken = json.loads(r.stdout)
+
+    def mean_kl(result: dict) -> float:
+        return min(c["teacher_forced"]["mean_kl"] for c in result["targets"][0]["conventions"].values())
+
+    assert clean["passed"] and clean["targets"][0]["kind"] == "fp8"
+    assert mean_kl(broken) > 10 * mean_kl(clean), (mean_kl(broken), mean_kl(clean))
 
 
 def test_max_kl_exits_1_after_a_complete_export(cli, checkpoint, one_line_error, tmp_path) -> None:
@@ -231,3 +234,21 @@ def test_ctrl_c_stops_the_queued_jobs(cli, checkpoint, monkeypatch, tmp_path) ->
     monkeypatch.setattr(export_module, "quantize_rows", counting)
     cli("export", "fp8", checkpoint("tiny3-mqa"), tmp_path / "fp8", "--no-verify", "--workers", "1", expect=130)
     assert len(calls) == 2
+
+
+def test_verify_refuses_a_damaged_fp8_directory_in_one_line(cli, checkpoint, one_line_error, tmp_path) -> None:
+    """An FP8 weight whose scale is gone is refused before the reference runs (exit 2), naming it.  Shown to fail
+    with the scale check removed from deploy/fp8.py's quantized_names (a KeyError: exit 70)."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    src = checkpoint("tiny3")
+    out = tmp_path / "fp8"
+    cli("export", "fp8", src, out, "--no-verify")
+    gone = "model.layers.layers.0.mlp.down_proj.weight_scale"
+    with safe_open(str(out / "model.safetensors"), "pt") as f:
+        tensors = {k: f.get_tensor(k) for k in f.keys() if k != gone}  # noqa: SIM118
+        meta = f.metadata()
+    save_file(tensors, str(out / "model.safetensors"), metadata=meta)
+    line = one_line_error(cli("verify", out, "--reference", src, expect=2), 2)
+    assert "model.layers.layers.0.mlp.down_proj.weight: FP8 without its .weight_scale" in line, line

@@ -99,7 +99,7 @@ def test_an_interrupted_verification_takes_config_json_away(cli, checkpoint, tmp
     from plamo2_tools.export import verified
 
     out = tmp_path / "mlx"
-    interrupt(verified, "reference_runs")
+    interrupt(verified, "verify_export")
     one_line_error(cli("export", "mlx", checkpoint("tiny"), out, "--json", expect=130), 130, prefix="interrupted:")
     assert not (out / "config.json").exists()
     assert not (out / "plamo2_export.json").exists()
