@@ -23,6 +23,7 @@ from starlette.responses import JSONResponse, Response
 
 from .chat_template import ChatTemplate, no_template_error
 from .engine_api import Engine, EngineBusy, EngineError, GenerationRequest, ModelInfo, RequestRejected, TokenEvent
+from .gate import ARRIVAL
 from .metrics import ServerMetrics
 from .prompts import (
     Prompt,
@@ -61,6 +62,7 @@ from .responses import (
     usage,
 )
 from .streams import Admission, ClientGone, EventStream, Run, prepend, unless_disconnected
+from .trace import RequestTrace, Tracer
 
 log = logging.getLogger(__name__)
 M = TypeVar("M", bound=BaseModel)
@@ -81,6 +83,12 @@ class ServerState:
     retry_after: int
     draining: bool = False
     startup_error: BaseException | None = None  # what engine.start() raised, if it did
+    tracer: Tracer | None = None  # PLAMO2_SERVE_TRACE: stage times of every request (serve/trace.py)
+
+    def trace(self, request: Request) -> tuple[float, RequestTrace | None]:
+        """The request's arrival (the gate's clock, else now) and its trace when tracing."""
+        arrival = getattr(request.state, ARRIVAL, None) or time.monotonic()
+        return arrival, (self.tracer.start(arrival) if self.tracer is not None else None)
 
 
 async def parse_body(request: Request, model: type[M]) -> M:
@@ -149,27 +157,40 @@ class Job:
     def usage(self) -> Usage:
         return usage(self.prompt_lengths, self.run.completion_tokens)
 
+    def closed(self) -> None:
+        """The response is over (sent, abandoned or failed): admission slots back, the trace written."""
+        self.run.lease.release_all()
+        trace = self.run.trace
+        if trace is not None:
+            trace.finish(id=self.id, prompt_tokens=sum(self.prompt_lengths),
+                         completion_tokens=sum(self.run.completion_tokens))  # fmt: skip
+
 
 async def respond(
     request: Request, job: Job, stream: AsyncIterator[str] | None, body: Callable[[], Awaitable[BaseModel]]
 ) -> Response:
     """Both endpoints' tail: the whole body, or a stream primed with its first chunk; either
     abandoned (sequences cancelled, slots freed) when the client leaves first or anything fails."""
+    trace = job.run.trace
     try:
         if stream is None:
-            return JSONResponse((await unless_disconnected(request.receive, body())).model_dump())
+            response = JSONResponse((await unless_disconnected(request.receive, body())).model_dump())
+            if trace is not None:
+                trace.mark("written")
+            job.closed()
+            return response
         first = await unless_disconnected(request.receive, anext(stream))
     except BaseException as e:
         # Run's own `finally` does this once it has started; this covers a run that never did.
         if stream is not None:
             await stream.aclose()
-        job.run.lease.release_all()
+        job.closed()
         if isinstance(e, ClientGone):
             return Response(status_code=CLIENT_CLOSED)
         if isinstance(e, EngineError):
             raise engine_error(e) from None
         raise
-    return EventStream(prepend(first, stream), on_close=job.run.lease.release_all)
+    return EventStream(prepend(first, stream), on_close=job.closed, trace=trace)
 
 
 async def stream_events(
@@ -218,10 +239,13 @@ def admit(
     prompts: list[Prompt],
     requests: list[GenerationRequest],
     include_usage: bool,
+    trace: RequestTrace | None = None,
 ) -> Job:
     lease = state.admission.admit(len(requests))
     state.metrics.prompt_tokens.inc(sum(len(p.token_ids) for p in prompts))
-    run = Run(state.engine, requests, state.metrics, lease, arrival)
+    if trace is not None:
+        trace.mark("admitted")
+    run = Run(state.engine, requests, state.metrics, lease, arrival, trace)
     kind = "chat.completion.chunk" if cid.startswith("chatcmpl-") else "text_completion"
     return Job(run, cid, model, [len(p.token_ids) for p in prompts], include_usage, kind)
 
@@ -230,19 +254,23 @@ def admit(
 
 
 async def completions(request: Request, state: ServerState) -> Response:
-    arrival = time.monotonic()
+    arrival, trace = state.trace(request)
     req = await parse_body(request, CompletionRequest)
+    if trace is not None:
+        trace.mark("parsed")
     check_serving(state)
     model = check_model(state, req.model)
     check_logprobs(req.logprobs, state.info, "logprobs")
     prompts = await completion_prompts(req.prompt, req.max_tokens, state.info, state.tokenizer)
+    if trace is not None:
+        trace.mark("tokenized")
     echo = [await _echo_text(state, p) if req.echo else None for p in prompts]
     sampling = Sampling(
         req.temperature, req.top_p, req.seed, req.stop, req.logprobs, req.logprobs if req.echo else None,
         req.ignore_eos,
     )  # fmt: skip
     requests = fan_out(cid := f"cmpl-{uuid.uuid4().hex}", prompts, req.n, sampling)
-    job = admit(state, arrival, cid, model, prompts, requests, req.include_usage)
+    job = admit(state, arrival, cid, model, prompts, requests, req.include_usage, trace)
     choices = [
         CompletionChoiceState(i, echo[i // req.n], req.logprobs is not None,
                               prompts[i // req.n].token_ids if req.return_token_ids else None,
@@ -296,11 +324,15 @@ async def chat_prompt(state: ServerState, messages: list[ChatMessage], add_gener
 
 
 async def chat_completions(request: Request, state: ServerState) -> Response:
-    arrival = time.monotonic()
+    arrival, trace = state.trace(request)
     req = await parse_body(request, ChatCompletionRequest)
+    if trace is not None:
+        trace.mark("parsed")
     check_serving(state)
     model = check_model(state, req.model)
     ids = await chat_prompt(state, req.messages, req.add_generation_prompt)
+    if trace is not None:
+        trace.mark("tokenized")
     top = req.top_logprobs if req.top_logprobs is not None else 0
     if req.top_logprobs is not None and not req.logprobs:
         raise bad_request("top_logprobs needs logprobs=true", param="top_logprobs")
@@ -310,7 +342,7 @@ async def chat_completions(request: Request, state: ServerState) -> Response:
     sampling = Sampling(req.temperature, req.top_p, req.seed, req.stop, top if req.logprobs else None, None,
                         req.ignore_eos)  # fmt: skip
     requests = fan_out(cid := f"chatcmpl-{uuid.uuid4().hex}", [prompt], req.n, sampling)
-    job = admit(state, arrival, cid, model, [prompt], requests, req.include_usage)
+    job = admit(state, arrival, cid, model, [prompt], requests, req.include_usage, trace)
     choices = [ChatChoiceState(i, req.logprobs) for i in range(len(requests))]
 
     def chunk(choice: ChatChunkChoice) -> str:

@@ -26,6 +26,7 @@ from starlette.types import Receive, Scope, Send
 from .engine_api import Engine, EngineError, GenerationRequest, TokenEvent
 from .metrics import SequenceClock, ServerMetrics
 from .protocol import ApiError
+from .trace import RequestTrace
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -88,9 +89,10 @@ class Run:
         metrics: ServerMetrics,
         lease: Lease,
         arrival: float,
+        trace: RequestTrace | None = None,
     ) -> None:
         self.engine, self.requests, self.metrics, self.lease = engine, requests, metrics, lease
-        self.arrival = arrival
+        self.arrival, self.trace = arrival, trace
         self.clocks = [SequenceClock(metrics, arrival) for _ in requests]
         self.finished: set[int] = set()
         self.completion_tokens = [0] * len(requests)
@@ -125,6 +127,8 @@ class Run:
             self.lease.release_all()
 
     def _account(self, i: int, event: TokenEvent) -> None:
+        if self.trace is not None and event.stamps is not None:
+            self.trace.merge(event.stamps)
         n = len(event.token_ids)
         self.completion_tokens[i] += n
         self.clocks[i].tokens(n)
@@ -190,11 +194,12 @@ class EventStream(StreamingResponse):
     """Server-sent events that stop (and run `on_close`) as soon as the client disconnects, and
     close their iterator however the response ends, so that no engine sequence outlives it."""
 
-    def __init__(self, chunks: AsyncIterator[str], on_close: Callable[[], None]) -> None:
+    def __init__(self, chunks: AsyncIterator[str], on_close: Callable[[], None],
+                 trace: RequestTrace | None = None) -> None:  # fmt: skip
         super().__init__(
             chunks, media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
         )
-        self.chunks, self.on_close = chunks, on_close
+        self.chunks, self.on_close, self.trace = chunks, on_close, trace
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
@@ -211,6 +216,8 @@ class EventStream(StreamingResponse):
         await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
         async for chunk in self.chunks:
             await send({"type": "http.response.body", "body": chunk.encode(), "more_body": True})
+            if self.trace is not None:
+                self.trace.mark("written")  # the first chunk carries the first token (respond waited for it)
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 

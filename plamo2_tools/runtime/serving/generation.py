@@ -272,6 +272,7 @@ class GenerationLoop:
                 break
             if self.group is None and self._worth_admitting():
                 reqs = sched.admit(self.budget)
+                stamp(reqs, "scheduled")
                 self.stats.groups.append((len(sched.active()), len(reqs), len(sched.pending)))
                 self.group = PrefillGroup(self.engine, reqs, self.engine.prefill_chunk, self.budget)
             if self.group is not None and all(r.closed for r in self.group.reqs):
@@ -405,6 +406,7 @@ class GenerationLoop:
         )  # fmt: skip
         for r in reqs:
             r.live = True
+        stamp(reqs, "prefilled")
         self._record(first, [r.index for r in reqs], logits)
         self.sched.issue(reqs)
 
@@ -438,6 +440,15 @@ class GenerationLoop:
             self.runner.move(src, free)
             sched.move(src, free)
             live = sorted([*live, free])
+
+
+def stamp(reqs: Sequence[Request], stage: str) -> None:
+    """The time a traced request reached `stage` (a dict lookup per request when nothing is traced)."""
+    now = None
+    for r in reqs:
+        if r.stamps is not None:
+            now = now or time.monotonic()
+            r.stamps.setdefault(stage, now)
 
 
 def make_requests(

@@ -39,6 +39,16 @@ def stop_token_ids(model_dir: str | Path, tokenizer: Any) -> tuple[int, ...]:
     return tuple(dict.fromkeys(ids))
 
 
+def load_text_tokenizer(path: str | Path, trust_remote_code: bool = False) -> Any:
+    """The checkpoint's tokenizer for text alone (the server's HTTP process), without torch: what
+    `engine.load_tokenizer` loads (PLaMo's tokenizer.jsonl natively, in the flavour its model family
+    declares)."""
+    from ...model.registry import tokenizer_flavour
+    from ...tokenizer import load_tokenizer
+
+    return load_tokenizer(path, trust_remote_code=trust_remote_code, flavour=tokenizer_flavour(path))
+
+
 def decode_kept_specials(tokenizer: Any) -> Decode:
     """vLLM's output text: special tokens kept, no spaces between them, no clean-up."""
 
