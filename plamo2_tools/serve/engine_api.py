@@ -58,7 +58,10 @@ class ModelInfo:
     chat_template: str | None = None  # a Jinja chat template (HF's dialect); None refuses /v1/chat/completions
     max_logprobs: int = 20  # the most alternatives per token the engine returns (OpenAI allows 5 / 20)
     created: int = 0  # unix time the model was loaded, shown by /v1/models
-    bos_token_id: int | None = None  # the BOS a text prompt gets (echo's text offsets skip its text)
+    prompt_bos_id: int | None = None  # the BOS the tokenizer puts before every text prompt (None: none)
+    # The longest text one token stands for (in characters): a text of L characters is then at least
+    # L / max_piece_chars tokens, which refuses an oversized prompt before it is tokenized.  None: unknown.
+    max_piece_chars: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

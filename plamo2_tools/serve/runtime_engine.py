@@ -28,7 +28,7 @@ from typing import Any
 from ..errors import UserError
 from ..runtime.serving.engine import Runtime, TokenScores
 from ..runtime.serving.online import Event, OnlineLoop
-from ..runtime.serving.text import decode_kept_specials
+from ..runtime.serving.text import decode_kept_specials, max_piece_chars
 from .engine_api import EngineError, EngineStats, GenerationRequest, ModelInfo, RequestRejected
 from .loop_engine import LoopEngine, Scores, chat_template_of, freeze_heap, merged, text_or_none
 from .trace import TRACE_ENV
@@ -57,7 +57,7 @@ def model_info(runtime: Runtime, loop: OnlineLoop, model_id: str, created: int, 
                chat_template: str | None = None) -> ModelInfo:  # fmt: skip
     """What the server tells clients about the model (`chat_template` replaces the checkpoint's)."""
     tok = runtime.tokenizer
-    bos_id = getattr(tok, "bos_token_id", None)
+    bos_id = getattr(tok, "bos_token_id", None) if getattr(tok, "add_bos_token", False) else None
     return ModelInfo(
         model_id=model_id,
         vocab_size=int(runtime.config.vocab_size),
@@ -70,7 +70,8 @@ def model_info(runtime: Runtime, loop: OnlineLoop, model_id: str, created: int, 
         chat_template=chat_template if chat_template is not None else chat_template_of(tok),
         max_logprobs=max_logprobs,
         created=created,
-        bos_token_id=int(bos_id) if isinstance(bos_id, int) else None,
+        prompt_bos_id=int(bos_id) if isinstance(bos_id, int) else None,
+        max_piece_chars=max_piece_chars(tok),
     )
 
 

@@ -41,6 +41,7 @@ from typing import Any, Protocol
 
 import torch
 
+from ...generation_request import sampling_settings
 from .core import RankCore
 from .graphs import DecodeRunner
 from .sampling import covering_mode, mode_of, request_key, select_rows
@@ -462,7 +463,7 @@ def make_requests(
 ) -> list[Request]:
     """Requests in input order; sampling streams keyed on (seed, caller's request key)."""
     ids = range(len(prompts)) if keys is None else keys
-    t, p = (float(temperature), float(top_p)) if temperature > 0 else (0.0, 1.0)
+    t, p = sampling_settings(temperature, top_p)
     return [
         Request(i, list(pr), int(m), request_key(seed, int(key)), temperature=t, top_p=p, stop=stop)
         for i, (pr, m, key) in enumerate(zip(prompts, max_new, ids, strict=True))

@@ -39,7 +39,7 @@ from typing import Any, Literal
 import torch.distributed as dist
 
 from ...errors import UserError
-from ...generation_request import GenerationRequest
+from ...generation_request import GenerationRequest, sampling_settings
 from .engine import RankEngine, Runtime, TokenScores
 from .generation import GenerationLoop, LoopStats
 from .memory import BatchPlan
@@ -264,7 +264,7 @@ class RankIntake:
             if cmd.watcher is None:
                 cmd.watcher = StopStringWatcher(self.host.decode, req.stop)
             stop = cmd.watcher
-        t, p = (float(req.temperature), float(req.top_p)) if req.temperature > 0 else (0.0, 1.0)
+        t, p = sampling_settings(req.temperature, req.top_p)
         key = request_key(cmd.seed, req.stream)
         stamps = {"taken": time.monotonic()} if self.rank == 0 and self.host.trace else None
         loop.sched.add([Request(cmd.index, list(req.prompt_token_ids), int(req.max_tokens), key, temperature=t,

@@ -49,6 +49,18 @@ def load_text_tokenizer(path: str | Path, trust_remote_code: bool = False) -> An
     return load_tokenizer(path, trust_remote_code=trust_remote_code, flavour=tokenizer_flavour(path))
 
 
+def max_piece_chars(tokenizer: Any) -> int | None:
+    """The longest text one token of PLaMo's native tokenizer stands for, in characters (pieces are
+    substrings of the text, a byte token a part of one character), so a text of L characters is at
+    least L / this many tokens; None for other tokenizers (one that normalizes text could make one
+    token of many characters)."""
+    from ...tokenizer.hf import PlamoTokenizerNative
+
+    if not isinstance(tokenizer, PlamoTokenizerNative):
+        return None
+    return max((len(piece) for piece in tokenizer.get_vocab()), default=None)
+
+
 def decode_kept_specials(tokenizer: Any) -> Decode:
     """vLLM's output text: special tokens kept, no spaces between them, no clean-up."""
 
