@@ -62,6 +62,7 @@ class ModelInfo:
     # The longest text one token stands for (in characters): a text of L characters is then at least
     # L / max_piece_chars tokens, which refuses an oversized prompt before it is tokenized.  None: unknown.
     max_piece_chars: int | None = None
+    chat_stop: tuple[str, ...] = ()  # where a chat answer ends besides EOS: the model's end-of-turn marker(s)
 
 
 @dataclass(frozen=True, slots=True)

@@ -368,7 +368,8 @@ async def chat_completions(request: Request, state: ServerState) -> Response:
     if trace is not None:
         trace.mark("tokenized")
     prompt = Prompt(ids, None, resolve_max_tokens(len(ids), req.max_new_tokens, state.info, param))
-    sampling = Sampling(req.temperature, req.top_p, req.seed, req.stop, top if req.logprobs else None, None,
+    stop = tuple(dict.fromkeys((*req.stop, *state.info.chat_stop)))  # the answer ends with the model's turn
+    sampling = Sampling(req.temperature, req.top_p, req.seed, stop, top if req.logprobs else None, None,
                         req.ignore_eos)  # fmt: skip
     requests = fan_out(cid := f"chatcmpl-{uuid.uuid4().hex}", [prompt], req.n, sampling)
     job = admit(state, arrival, cid, model, [prompt], requests, req.include_usage, trace)

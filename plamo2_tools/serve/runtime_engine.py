@@ -28,7 +28,7 @@ from typing import Any
 from ..errors import UserError
 from ..runtime.serving.engine import Runtime, TokenScores
 from ..runtime.serving.online import Event, OnlineLoop
-from ..runtime.serving.text import decode_kept_specials, max_piece_chars
+from ..runtime.serving.text import chat_turn_ends, decode_kept_specials, max_piece_chars
 from .engine_api import EngineError, EngineStats, GenerationRequest, ModelInfo, RequestRejected
 from .loop_engine import LoopEngine, Scores, chat_template_of, freeze_heap, merged, text_or_none
 from .trace import TRACE_ENV
@@ -72,6 +72,7 @@ def model_info(runtime: Runtime, loop: OnlineLoop, model_id: str, created: int, 
         created=created,
         prompt_bos_id=int(bos_id) if isinstance(bos_id, int) else None,
         max_piece_chars=max_piece_chars(tok),
+        chat_stop=chat_turn_ends(tok),
     )
 
 
