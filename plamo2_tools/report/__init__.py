@@ -29,6 +29,7 @@ from . import (
     bench_serving,
     bench_throughput,
     checks,
+    exports,
     lmeval,
     tools,
     verify,
@@ -38,6 +39,8 @@ from .inputs import (
     BENCH_ACCURACY,
     BENCH_CONVERT,
     BENCH_E2E,
+    BENCH_EXPORT_FP8,
+    BENCH_EXPORT_MLX,
     BENCH_FUZZ,
     BENCH_KERNELS,
     BENCH_SERVING,
@@ -45,6 +48,8 @@ from .inputs import (
     BENCH_TOKENIZER,
     CHECK,
     CONVERT,
+    EXPORT_FP8,
+    EXPORT_MLX,
     INSPECT,
     KILL_RESUME,
     KINDS,
@@ -77,6 +82,7 @@ SECTIONS: list[tuple[tuple[str, ...], str, Renderer]] = [
         "Compatibility and robustness",
         checks.render,
     ),
+    ((EXPORT_MLX, EXPORT_FP8, BENCH_EXPORT_MLX, BENCH_EXPORT_FP8), "Exports", exports.render),
     ((CONVERT, CHECK, INSPECT), "Tool output", tools.render),
 ]
 

@@ -26,6 +26,8 @@ from ..kinds import (
     BENCH_ACCURACY_KIND,
     BENCH_CONVERT_KIND,
     BENCH_E2E_KIND,
+    BENCH_EXPORT_FP8_KIND,
+    BENCH_EXPORT_MLX_KIND,
     BENCH_FUZZ_KIND,
     BENCH_KERNELS_KIND,
     BENCH_RUNTIME_KIND,
@@ -37,6 +39,8 @@ from ..kinds import (
     CHECK_KIND,
     CONVERT_KIND,
     EVAL_KIND,
+    EXPORT_FP8_KIND,
+    EXPORT_MLX_KIND,
     INSPECT_KIND,
     KILL_RESUME_KIND,
     MUTANTS_KIND,
@@ -71,6 +75,10 @@ BENCH_TOKENIZER = "bench-tokenizer"
 KILL_RESUME = "kill-resume"
 BENCH_FUZZ = "bench-fuzz"
 MUTANTS = "mutants"
+EXPORT_MLX = "export-mlx"
+EXPORT_FP8 = "export-fp8"
+BENCH_EXPORT_MLX = "bench-export-mlx"
+BENCH_EXPORT_FP8 = "bench-export-fp8"
 KINDS = (
     LMEVAL,
     VERIFY,
@@ -86,6 +94,10 @@ KINDS = (
     KILL_RESUME,
     BENCH_FUZZ,
     MUTANTS,
+    EXPORT_MLX,
+    EXPORT_FP8,
+    BENCH_EXPORT_MLX,
+    BENCH_EXPORT_FP8,
     CONVERT,
     CHECK,
     INSPECT,
@@ -127,6 +139,10 @@ SCHEMAS: dict[str, Schema] = {
     KILL_RESUME_KIND: Schema(KILL_RESUME, (1,), {"trials": list, "all_identical": bool}),
     BENCH_FUZZ_KIND: Schema(BENCH_FUZZ, (1,), {"targets": dict, "inputs": int, "contract_broken": int}),
     MUTANTS_KIND: Schema(MUTANTS, (1,), {"mutants": list, "total": int, "caught": int}),
+    EXPORT_MLX_KIND: Schema(EXPORT_MLX, (1,), {"model_type": str, "known_differences": list}),
+    EXPORT_FP8_KIND: Schema(EXPORT_FP8, (1,), {"format": str, "quantized": list}),
+    BENCH_EXPORT_MLX_KIND: Schema(BENCH_EXPORT_MLX, (1,), {"presets": dict}),
+    BENCH_EXPORT_FP8_KIND: Schema(BENCH_EXPORT_FP8, (1,), {"baseline": dict, "results": list}),
 }
 # The suite's envelope (bench/common.py): what every benchmark file of version BENCH_SCHEMA_VERSION has.
 ENVELOPE_FIELDS: Mapping[str, type | tuple[type, ...]] = {

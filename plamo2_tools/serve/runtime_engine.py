@@ -91,8 +91,10 @@ class RuntimeEngine(LoopEngine):
     """`engine_api.Engine` over a loaded `Runtime` whose loop runs as a thread of this process."""
 
     def __init__(self, runtime: Runtime, model_id: str, options: LoopOptions | None = None,
-                 max_logprobs: int = 20, chat_template: str | None = None) -> None:  # fmt: skip
+                 max_logprobs: int = 20, chat_template: str | None = None,
+                 log_failures: bool = True) -> None:  # fmt: skip
         self.runtime = runtime
+        self.log_failures = log_failures  # False: the caller raises the loop's failure itself (batch files)
         self.options = options or LoopOptions()
         self.loop = self.options.build(runtime)
         info = model_info(runtime, self.loop, model_id, int(time.time()), max_logprobs, chat_template)
@@ -123,7 +125,8 @@ class RuntimeEngine(LoopEngine):
         try:
             await self.aio.run_in_executor(None, lambda: self.loop.close(cancel=True))
         except BaseException as e:  # noqa: BLE001 - the failure was reported already (failed, 500s)
-            log.error("the generation loop ended with %r", e)
+            if self.log_failures:
+                log.error("the generation loop ended with %r", e)
         self.scorer.shutdown(wait=False, cancel_futures=True)
 
     def _watch(self) -> None:
@@ -133,7 +136,8 @@ class RuntimeEngine(LoopEngine):
         thread.join()
         if not self.stopping:
             why = f"the generation loop died: {self.loop.error!r}" if self.loop.error else "the generation loop stopped"
-            log.error("%s", why)
+            if self.log_failures:
+                log.error("%s", why)
             self.failed = why
 
     def _alive(self) -> bool:

@@ -37,6 +37,9 @@ WRITERS = {  # kind -> the version its writer writes today
     INSPECT_KIND: INSPECT_SCHEMA_VERSION,
     VERIFY_KIND: VERIFY_SCHEMA_VERSION,
     EVAL_KIND: EVAL_SCHEMA_VERSION,
+    kinds.EXPORT_FP8_KIND: kinds.EXPORT_FP8_SCHEMA_VERSION,
+    kinds.EXPORT_MLX_KIND: kinds.EXPORT_MLX_SCHEMA_VERSION,
+    kinds.VERIFY_TARGETS_KIND: kinds.VERIFY_TARGETS_SCHEMA_VERSION,
 }
 
 
@@ -71,6 +74,8 @@ SCRIPTS = {  # script -> (kind constant, version constant) as it names them
     "kill_resume.py": ("KIND", "SCHEMA_VERSION"),
     "tokenizer.py": ("KIND", "SCHEMA_VERSION"),
     "mutants.py": ("KIND", "SCHEMA_VERSION"),
+    "export_fp8.py": ("KIND", "SCHEMA_VERSION"),
+    "export_mlx.py": ("KIND", "SCHEMA_VERSION"),
 }
 SCRIPT_KINDS = {  # what kinds.py says they write
     "vllm_compat.py": (kinds.VLLM_COMPAT_KIND, kinds.VLLM_COMPAT_SCHEMA_VERSION),
@@ -78,6 +83,8 @@ SCRIPT_KINDS = {  # what kinds.py says they write
     "kill_resume.py": (kinds.KILL_RESUME_KIND, kinds.KILL_RESUME_SCHEMA_VERSION),
     "tokenizer.py": (kinds.BENCH_TOKENIZER_KIND, kinds.BENCH_TOKENIZER_SCHEMA_VERSION),
     "mutants.py": (kinds.MUTANTS_KIND, kinds.MUTANTS_SCHEMA_VERSION),
+    "export_fp8.py": (kinds.BENCH_EXPORT_FP8_KIND, kinds.BENCH_EXPORT_FP8_SCHEMA_VERSION),
+    "export_mlx.py": (kinds.BENCH_EXPORT_MLX_KIND, kinds.BENCH_EXPORT_MLX_SCHEMA_VERSION),
 }
 
 
