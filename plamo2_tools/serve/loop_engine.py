@@ -158,8 +158,10 @@ class LoopEngine:
         return text
 
     def cancel(self, request_id: str) -> None:
-        if request_id in self.queues:
-            self._send_cancel(request_id)
+        # Always sent (the loop ignores a request it no longer holds): a stream whose task was
+        # cancelled while it waited for its next event has dropped its queue already (`submit`'s
+        # finally), and its sequence must still stop.
+        self._send_cancel(request_id)
 
     def deliver(self, events: Iterable[Any]) -> None:
         """On the asyncio thread: a batch of the loop's events into their sequences' queues."""
