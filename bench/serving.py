@@ -10,7 +10,8 @@ every request but each client's first, whose burst arrives at once), the inter-t
 output token after the first, TPOT) p50/p99, and the server's CPU seconds per output token (every
 process of the server; robust where other jobs share the CPU).  The baseline, measured in the same
 run on the same prompts: in-process `Runtime.generate(max_batch=N)`, its tokens/s, its decode step
-(device time per step at that batch, `PhaseTimer`) and its CPU per token.
+(device time per step at that batch, `PhaseTimer`), its CPU per token, and the Triton compiles and SSD
+tunings that happened inside its clock (`kernels/compile_watch.py`: 0 once the warm-up met every shape).
 
 What runs:
 * per `--variant` (default one, `serve`; `NAME:ENV=VALUE,...` runs the server with those
@@ -359,6 +360,7 @@ def in_process(args: argparse.Namespace, shards: Path, levels: list[tuple[int, l
     import torch
 
     from plamo2_tools import Runtime
+    from plamo2_tools.kernels import compile_watch
     from plamo2_tools.runtime.serving.generation import PhaseTimer
 
     out: dict[int, dict[str, Any]] = {}
@@ -374,6 +376,7 @@ def in_process(args: argparse.Namespace, shards: Path, levels: list[tuple[int, l
             if args.device.startswith("cuda"):
                 torch.cuda.synchronize()
             timer = rt.engines[0].timer = PhaseTimer()
+            counts0 = dict(compile_watch.counts)  # Triton's cache misses and SSD tunings inside the clock (GPU)
             cpu0, t0 = time.process_time(), time.monotonic()
             gen = rt.generate(prompts, args.max_tokens, max_batch=n)
             if args.device.startswith("cuda"):
@@ -384,8 +387,12 @@ def in_process(args: argparse.Namespace, shards: Path, levels: list[tuple[int, l
             steps = timer.counts["decode_steps"]
             step = timer.seconds()["decode"] / steps if steps else None
             out[n] = {"tokens_per_s": tokens / wall, "wall_s": wall, "output_tokens": tokens, "step_s": step,
-                      "cpu_s": cpu, "cpu_ms_per_token": 1e3 * cpu / tokens if tokens else None}  # fmt: skip
+                      "cpu_s": cpu, "cpu_ms_per_token": 1e3 * cpu / tokens if tokens else None,
+                      "compiles_timed": compile_watch.counts["compiles"] - counts0["compiles"],
+                      "tunings_timed": compile_watch.counts["tunings"] - counts0["tunings"]}  # fmt: skip
             ms = f"{1e3 * step:.2f} ms/step" if step else "?"
+            compiled = out[n]["compiles_timed"] + out[n]["tunings_timed"]
+            ms += f", {compiled} compiles/tunings in the timed run" if compiled else ""
             print(f"in-process N={n:4d}: {tokens / wall:10.1f} tok/s ({tokens} tokens in {wall:.2f} s, {ms})",
                   flush=True)  # fmt: skip
     return out
