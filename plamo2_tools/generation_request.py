@@ -32,7 +32,7 @@ class GenerationRequest:
 
     request_id: str  # unique among live requests; `cancel` names it
     prompt_token_ids: tuple[int, ...]  # non-empty, every id in [0, vocab_size); BOS is already in it if wanted
-    max_tokens: int  # >= 1 and len(prompt_token_ids) + max_tokens <= max_context
+    max_tokens: int  # >= 0 (0: nothing generated, e.g. echo scoring the prompt) and prompt + max_tokens <= max_context
     temperature: float = 1.0  # 0 = greedy (the first maximum on ties)
     top_p: float = 1.0  # nucleus mass; 1 = the whole vocabulary
     # Sampling: the tokens must be a function of (prompt, temperature, top_p, seed, stream) alone,
@@ -51,12 +51,12 @@ class GenerationRequest:
 
     def check(self, vocab_size: int, max_context: int, what: str = "the prompt",
               max_tokens_param: str = "max_tokens") -> None:  # fmt: skip
-        """The request's limits against the model: a prompt, its ids in the vocabulary, at least
-        one token to generate, and both inside the context.  `what` names the prompt and
+        """The request's limits against the model: a prompt, its ids in the vocabulary, no negative
+        number of tokens to generate, and both inside the context.  `what` names the prompt and
         `max_tokens_param` the field a client set (chat's max_completion_tokens) in a refusal."""
         check_prompt(self.prompt_token_ids, vocab_size, what)
-        if self.max_tokens < 1:
-            raise RequestRefused(f"{max_tokens_param} must be >= 1", max_tokens_param)
+        if self.max_tokens < 0:
+            raise RequestRefused(f"{max_tokens_param} must be >= 0", max_tokens_param)
         check_context(len(self.prompt_token_ids), self.max_tokens, max_context, max_tokens_param)
 
 
@@ -84,7 +84,27 @@ def check_context(prompt_len: int, max_tokens: int, max_context: int, param: str
         )
 
 
-def default_max_tokens(prompt_len: int, requested: int | None, max_context: int) -> int:
-    """`requested`, or all the room the context leaves (vLLM's default; at least 1, so that a
-    prompt that fills the context is refused by `check_context`)."""
-    return requested if requested is not None else max(max_context - prompt_len, 1)
+def default_max_tokens(prompt_len: int, requested: int | None, max_context: int, default: int | None = None) -> int:
+    """`requested`, else `default` (completions: 16, as OpenAI and vLLM) within the room the context
+    leaves, else all that room (chat, as vLLM); at least 1, so that a prompt that fills the context is
+    refused by `check_context`."""
+    if requested is not None:
+        return requested
+    room = max(max_context - prompt_len, 1)
+    return room if default is None else min(default, room)
+
+
+# Below this a temperature is greedy: vLLM's _SAMPLING_EPS (its SamplingParams), and where the logits'
+# scaling by 1/T stops being a number (1e-40 is a float32 subnormal: every logit / T is +-inf).
+MIN_TEMPERATURE = 1e-5
+_FLOAT32_TINIEST = 2.0**-149  # the smallest positive float32; a top_p below half of it rounds to 0
+
+
+def sampling_settings(temperature: float, top_p: float) -> tuple[float, float]:
+    """(temperature, top_p) as the sampler runs them: (0, 1) is greedy.  A temperature below
+    MIN_TEMPERATURE is greedy; so is a top_p that rounds to 0 in float32 (the nucleus of a mass
+    smaller than any token's probability is the most likely token alone; at 0 the sampler's mask
+    would keep no token at all).  Documented in docs/serve.md ("Refusals and limits")."""
+    if temperature < MIN_TEMPERATURE or top_p < _FLOAT32_TINIEST / 2:
+        return 0.0, 1.0
+    return float(temperature), float(top_p)

@@ -188,10 +188,14 @@ def test_nothing_but_the_commands_imports_serve() -> None:
 
 def test_serve_is_a_consumer_of_the_runtime_like_eval() -> None:
     """serve/ stands on the runtime and the foundation, never on eval, convert, verify or the cli;
-    its HTTP layer (app, handlers, protocol, ...) needs no runtime at all: only the engine over the
-    online loop, batch files and the per-rank service do."""
+    its HTTP layer (app, handlers, protocol, ...) needs no runtime at all: only the engines over the
+    online loop (in this process, across the pipe: loop_engine, runtime_engine, engine_core, front),
+    batch files and the per-rank service do.  The HTTP process's modules (front, loop_engine) take
+    only the runtime's torch-free text rules (tests/serve/test_http_process.py checks torch stays out)."""
     assert GRAPH["serve"] <= FOUNDATION | {"runtime"}, GRAPH["serve"] - FOUNDATION - {"runtime"}
-    runtime_users = {"plamo2_tools.serve.runtime_engine", "plamo2_tools.serve.batch", "plamo2_tools.serve.service"}
+    runtime_users = {
+        f"plamo2_tools.serve.{m}" for m in ("runtime_engine", "batch", "service", "engine_core", "front", "loop_engine")
+    }
     for m, deps in FILES.items():
         if _unit(m) == "serve" and m not in runtime_users:
             assert not {_unit(d) for d in deps} & {"runtime", "kernels", "model", "shards"}, (m, sorted(deps))

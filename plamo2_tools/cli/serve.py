@@ -46,6 +46,10 @@ def serve(
         float, typer.Option(help="On SIGTERM/SIGINT: seconds running requests may finish before they are cancelled.")
     ] = 30.0,
     sync_every: Annotated[int, typer.Option(help="Decode steps between two looks at the tokens.")] = 8,
+    chat_template: Annotated[
+        Path | None,
+        typer.Option(help="A Jinja chat template file (Hugging Face's dialect) for chat; replaces the checkpoint's."),
+    ] = None,
     launch: Launch = False,
     device: Device = "cpu",
     backend: Backend = "auto",
@@ -73,6 +77,7 @@ def serve(
         "server": {"served_model_names": names[1:], "max_queue": max_queue, "max_body_bytes": max_body_bytes},
         "shutdown_timeout": shutdown_timeout,
         "log_level": "info" if logging.getLogger().isEnabledFor(logging.INFO) else "warning",
+        "chat_template": read_chat_template(chat_template) if chat_template is not None else None,
     }
     check_service_args(args, api_key)
     load_manifest(shards)  # a shard directory, finished: one line now if not
@@ -114,6 +119,32 @@ def serve_on_torchrun(run: dict[str, Any], args: dict[str, Any], api_key: str | 
     rc = run_service(serve_job, run, args, {API_KEY_ENV: api_key} if api_key else None)
     if rc != 0:
         raise EnvironmentLimitError(f"the torchrun ranks of serve exited with code {rc} (their output is above)")
+
+
+CHAT_TEMPLATE_BYTES = 1 << 20  # HF's templates are a few KiB; a bigger file is not one
+
+
+def read_chat_template(path: Path) -> str:
+    """`--chat-template FILE`: its text, compiled once here (Jinja's sandbox, as the server renders it),
+    so a missing, oversized, non-UTF-8 or broken template is one line before the model loads."""
+    from ..safe_files import read_regular
+
+    data = read_regular(path, CHAT_TEMPLATE_BYTES)  # one line for a missing, special or oversized file
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise UserError(f"--chat-template {path}: not UTF-8 text") from None
+    if not text.strip():
+        raise UserError(f"--chat-template {path}: the file is empty")
+    from jinja2 import TemplateError
+
+    from ..serve.chat_template import compile_template
+
+    try:
+        compile_template(text)
+    except TemplateError as e:
+        raise UserError(f"--chat-template {path}: not a Jinja template ({e})") from None
+    return text
 
 
 def _is_rank0() -> bool:

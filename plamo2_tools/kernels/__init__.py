@@ -146,8 +146,9 @@ def get_ops(backend: str = "auto", device: Any = None) -> Ops:
                 pass
         return get_ops("torch")
     if backend == "triton":
-        from plamo2_tools.kernels import triton_ops
+        from plamo2_tools.kernels import compile_watch, triton_ops
 
+        compile_watch.install()  # count real compiles; watch every launch when PLAMO2_WATCH_KERNELS=1
         return cast(Ops, triton_ops)
     if backend == "torch":
         from plamo2_tools.kernels import torch_ops

@@ -105,6 +105,10 @@ def _ssd_sequence(
     """
     L, H, P = x.shape
     N = B.shape[-1]
+    # A sequence shorter than a chunk is one chunk of its own length: the math does not depend on Q, and
+    # padding a 32-token prompt to 256 made the (Q, Q, H) products 64x the work (serving on the CPU spent
+    # 77% of its loop there; docs/serve.md, "Where the time goes").
+    Q = max(1, min(Q, L))
     pad = -L % Q  # padded tokens have delta = 0: decay 1 and no input, so the state passes intact
     x, delta, B, C = (F.pad(t, (0, 0) * (t.dim() - 1) + (0, pad)) for t in (x, delta, B, C))
     nc = (L + pad) // Q

@@ -33,6 +33,7 @@ from .metrics import CONTENT_TYPE, ServerMetrics
 from .prompts import TokenizerThread, check_token_ids
 from .protocol import ApiError, DetokenizeRequest, ModelCard, ModelList, TokenizeRequest, error_body
 from .streams import Admission
+from .trace import tracer_from_env
 
 log = logging.getLogger(__name__)
 HEALTH_TIMEOUT_S = 5.0
@@ -58,8 +59,9 @@ def create_app(engine: Engine, config: ServerConfig | None = None) -> FastAPI:
     )
     template = ChatTemplate(info.chat_template, info) if info.chat_template else None
     state = ServerState(
-        engine, info, names, admission, metrics, TokenizerThread(engine), template, config.retry_after_s
-    )
+        engine, info, names, admission, metrics, TokenizerThread(engine), template, config.retry_after_s,
+        tracer=tracer_from_env(),
+    )  # fmt: skip
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -74,6 +76,8 @@ def create_app(engine: Engine, config: ServerConfig | None = None) -> FastAPI:
             state.draining = True
             await engine.stop()
             state.tokenizer.close()
+            if state.tracer is not None:
+                state.tracer.close()
 
     app = FastAPI(
         title="plamo2-tools", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None

@@ -27,13 +27,16 @@ def _strftime_now(fmt: str) -> str:
     return datetime.now().strftime(fmt)
 
 
+def compile_template(source: str) -> Any:
+    """The template compiled in the sandbox HF's `apply_chat_template` uses (raises TemplateError)."""
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+    env.globals.update(raise_exception=_raise_exception, strftime_now=_strftime_now)
+    return env.from_string(source)
+
+
 class ChatTemplate:
     def __init__(self, source: str, info: ModelInfo) -> None:
-        env = ImmutableSandboxedEnvironment(
-            trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
-        )
-        env.globals.update(raise_exception=_raise_exception, strftime_now=_strftime_now)
-        self.template = env.from_string(source)  # a broken template fails at start-up, not per request
+        self.template = compile_template(source)  # a broken template fails at start-up, not per request
         self.special = {
             "bos_token": info.bos_token or "",
             "eos_token": info.eos_token or "",

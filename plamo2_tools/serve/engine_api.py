@@ -33,7 +33,7 @@ a thread of its own hands events to the loop with ``loop.call_soon_threadsafe``.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol, runtime_checkable
 
@@ -58,6 +58,11 @@ class ModelInfo:
     chat_template: str | None = None  # a Jinja chat template (HF's dialect); None refuses /v1/chat/completions
     max_logprobs: int = 20  # the most alternatives per token the engine returns (OpenAI allows 5 / 20)
     created: int = 0  # unix time the model was loaded, shown by /v1/models
+    prompt_bos_id: int | None = None  # the BOS the tokenizer puts before every text prompt (None: none)
+    # The longest text one token stands for (in characters): a text of L characters is then at least
+    # L / max_piece_chars tokens, which refuses an oversized prompt before it is tokenized.  None: unknown.
+    max_piece_chars: int | None = None
+    chat_stop: tuple[str, ...] = ()  # where a chat answer ends besides EOS: the model's end-of-turn marker(s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +119,8 @@ class TokenEvent:
     prompt_logprobs: tuple[TokenLogprob, ...] | None = None  # once: one per prompt token
     finish_reason: FinishReason | None = None  # set on the last event only: "stop" (EOS or stop string), "length"
     stop_reason: str | int | None = None  # the stop string or EOS id that ended the sequence, if any
+    # Tracing only (serve/trace.py): when the engine reached its stages for this sequence, in its first event.
+    stamps: Mapping[str, float] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hmac
 import json
+import time
 from collections.abc import Collection
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -30,6 +31,7 @@ ENDPOINTS = frozenset(
         "/version",
     }
 )
+ARRIVAL = "plamo2_arrival"  # request.state key: time.monotonic() when the request's headers were in
 OPEN_PATHS = frozenset({"/health", "/metrics"})  # probes and scrapers carry no key (vLLM's rule too)
 
 
@@ -51,6 +53,7 @@ class Gate:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        scope.setdefault("state", {})[ARRIVAL] = time.monotonic()  # the request's clock starts before its body
         endpoint = scope["path"] if scope["path"] in ENDPOINTS else "other"
         send = self._counting(send, endpoint)
         if not self._authorized(scope):

@@ -14,7 +14,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 from pydantic import BaseModel, ValidationError
@@ -23,12 +23,15 @@ from starlette.responses import JSONResponse, Response
 
 from .chat_template import ChatTemplate, no_template_error
 from .engine_api import Engine, EngineBusy, EngineError, GenerationRequest, ModelInfo, RequestRejected, TokenEvent
+from .gate import ARRIVAL
 from .metrics import ServerMetrics
 from .prompts import (
     Prompt,
     Sampling,
     TokenizerThread,
     check_logprobs,
+    check_max_tokens,
+    check_text_lengths,
     check_token_ids,
     completion_prompts,
     fan_out,
@@ -61,10 +64,12 @@ from .responses import (
     usage,
 )
 from .streams import Admission, ClientGone, EventStream, Run, prepend, unless_disconnected
+from .trace import RequestTrace, Tracer
 
 log = logging.getLogger(__name__)
 M = TypeVar("M", bound=BaseModel)
 CLIENT_CLOSED = 499  # nginx's "client closed request": what /metrics counts for those
+CUT_MESSAGE = "the server shut down before this answer was finished (its --shutdown-timeout ran out)"
 
 
 @dataclass
@@ -81,6 +86,20 @@ class ServerState:
     retry_after: int
     draining: bool = False
     startup_error: BaseException | None = None  # what engine.start() raised, if it did
+    tracer: Tracer | None = None  # PLAMO2_SERVE_TRACE: stage times of every request (serve/trace.py)
+    jobs: set[Job] = field(default_factory=set)  # admitted and not yet answered (what a shutdown may cut)
+
+    def cut_all(self) -> None:
+        """The shutdown timeout is over: every answer still running ends now, a stream with an error
+        event and [DONE] (what OpenAI's clients recognise), a whole answer with 503, their engine
+        sequences cancelled; before uvicorn's own deadline, which would cancel the tasks mid-write."""
+        for job in list(self.jobs):
+            job.run.cut()
+
+    def trace(self, request: Request) -> tuple[float, RequestTrace | None]:
+        """The request's arrival (the gate's clock, else now) and its trace when tracing."""
+        arrival = getattr(request.state, ARRIVAL, None) or time.monotonic()
+        return arrival, (self.tracer.start(arrival) if self.tracer is not None else None)
 
 
 async def parse_body(request: Request, model: type[M]) -> M:
@@ -113,7 +132,9 @@ def check_serving(state: ServerState) -> None:
         )
 
 
-def engine_error(e: EngineError) -> ApiError:
+def engine_error(e: EngineError, cut: bool = False) -> ApiError:
+    if cut:
+        return ApiError(503, CUT_MESSAGE, type="service_unavailable", code="shutting_down")
     if isinstance(e, RequestRejected):
         return bad_request(str(e), code="rejected_by_engine")
     if isinstance(e, EngineBusy):
@@ -142,6 +163,9 @@ class Job:
     include_usage: bool
     chunk_object: str  # the `object` of its stream chunks
     created: int = 0
+    state: ServerState | None = field(default=None, repr=False)
+
+    __hash__ = object.__hash__  # a member of ServerState.jobs by identity
 
     def __post_init__(self) -> None:
         self.created = int(time.time())
@@ -149,27 +173,42 @@ class Job:
     def usage(self) -> Usage:
         return usage(self.prompt_lengths, self.run.completion_tokens)
 
+    def closed(self) -> None:
+        """The response is over (sent, abandoned or failed): admission slots back, the trace written."""
+        if self.state is not None:
+            self.state.jobs.discard(self)
+        self.run.lease.release_all()
+        trace = self.run.trace
+        if trace is not None:
+            trace.finish(id=self.id, prompt_tokens=sum(self.prompt_lengths),
+                         completion_tokens=sum(self.run.completion_tokens))  # fmt: skip
+
 
 async def respond(
     request: Request, job: Job, stream: AsyncIterator[str] | None, body: Callable[[], Awaitable[BaseModel]]
 ) -> Response:
     """Both endpoints' tail: the whole body, or a stream primed with its first chunk; either
     abandoned (sequences cancelled, slots freed) when the client leaves first or anything fails."""
+    trace = job.run.trace
     try:
         if stream is None:
-            return JSONResponse((await unless_disconnected(request.receive, body())).model_dump())
+            response = JSONResponse((await unless_disconnected(request.receive, body())).model_dump())
+            if trace is not None:
+                trace.mark("written")
+            job.closed()
+            return response
         first = await unless_disconnected(request.receive, anext(stream))
     except BaseException as e:
         # Run's own `finally` does this once it has started; this covers a run that never did.
         if stream is not None:
             await stream.aclose()
-        job.run.lease.release_all()
+        job.closed()
         if isinstance(e, ClientGone):
             return Response(status_code=CLIENT_CLOSED)
         if isinstance(e, EngineError):
-            raise engine_error(e) from None
+            raise engine_error(e, job.run.was_cut) from None
         raise
-    return EventStream(prepend(first, stream), on_close=job.run.lease.release_all)
+    return EventStream(prepend(first, stream), on_close=job.closed, trace=trace)
 
 
 async def stream_events(
@@ -192,8 +231,12 @@ async def stream_events(
     except EngineError as e:
         if not started:
             raise
-        log.error("request %s failed mid-stream: %s", job.id, e)
-        yield sse_error(f"the engine failed: {e}")
+        if job.run.was_cut:
+            log.warning("request %s: cut by the shutdown timeout", job.id)
+            yield sse_error(CUT_MESSAGE, type="service_unavailable", code=503)
+        else:
+            log.error("request %s failed mid-stream: %s", job.id, e)
+            yield sse_error(f"the engine failed: {e}")
     if job.include_usage:
         yield sse(
             json.dumps(
@@ -218,35 +261,46 @@ def admit(
     prompts: list[Prompt],
     requests: list[GenerationRequest],
     include_usage: bool,
+    trace: RequestTrace | None = None,
 ) -> Job:
     lease = state.admission.admit(len(requests))
     state.metrics.prompt_tokens.inc(sum(len(p.token_ids) for p in prompts))
-    run = Run(state.engine, requests, state.metrics, lease, arrival)
+    if trace is not None:
+        trace.mark("admitted")
+    run = Run(state.engine, requests, state.metrics, lease, arrival, trace)
     kind = "chat.completion.chunk" if cid.startswith("chatcmpl-") else "text_completion"
-    return Job(run, cid, model, [len(p.token_ids) for p in prompts], include_usage, kind)
+    job = Job(run, cid, model, [len(p.token_ids) for p in prompts], include_usage, kind, state=state)
+    state.jobs.add(job)
+    return job
 
 
 # ---- /v1/completions --------------------------------------------------------------------------
 
 
 async def completions(request: Request, state: ServerState) -> Response:
-    arrival = time.monotonic()
+    arrival, trace = state.trace(request)
     req = await parse_body(request, CompletionRequest)
+    if trace is not None:
+        trace.mark("parsed")
     check_serving(state)
     model = check_model(state, req.model)
     check_logprobs(req.logprobs, state.info, "logprobs")
+    check_max_tokens(req.max_tokens, req.echo)
+    state.admission.check_size(len(req.prompt) * req.n)  # counted before a single prompt is tokenized
     prompts = await completion_prompts(req.prompt, req.max_tokens, state.info, state.tokenizer)
+    if trace is not None:
+        trace.mark("tokenized")
     echo = [await _echo_text(state, p) if req.echo else None for p in prompts]
     sampling = Sampling(
         req.temperature, req.top_p, req.seed, req.stop, req.logprobs, req.logprobs if req.echo else None,
         req.ignore_eos,
     )  # fmt: skip
     requests = fan_out(cid := f"cmpl-{uuid.uuid4().hex}", prompts, req.n, sampling)
-    job = admit(state, arrival, cid, model, prompts, requests, req.include_usage)
+    job = admit(state, arrival, cid, model, prompts, requests, req.include_usage, trace)
     choices = [
         CompletionChoiceState(i, echo[i // req.n], req.logprobs is not None,
                               prompts[i // req.n].token_ids if req.return_token_ids else None,
-                              tokens_as_ids=req.return_tokens_as_token_ids)
+                              tokens_as_ids=req.return_tokens_as_token_ids, added_bos=prompts[i // req.n].added_bos)
         for i in range(len(requests))
     ]  # fmt: skip
     sent_prompt_ids: set[int] = set()
@@ -290,27 +344,35 @@ async def chat_prompt(state: ServerState, messages: list[ChatMessage], add_gener
         raise no_template_error()
     template = state.template
     text = await state.tokenizer.call(lambda: template.render(messages, add_generation_prompt))
+    check_text_lengths([text], state.info, "the rendered chat")
     (ids,) = await state.tokenizer.encode([text], add_special_tokens=False)
     check_token_ids(ids, state.info, "the rendered chat", param="messages")
     return ids
 
 
 async def chat_completions(request: Request, state: ServerState) -> Response:
-    arrival = time.monotonic()
+    arrival, trace = state.trace(request)
     req = await parse_body(request, ChatCompletionRequest)
+    if trace is not None:
+        trace.mark("parsed")
     check_serving(state)
     model = check_model(state, req.model)
-    ids = await chat_prompt(state, req.messages, req.add_generation_prompt)
     top = req.top_logprobs if req.top_logprobs is not None else 0
     if req.top_logprobs is not None and not req.logprobs:
         raise bad_request("top_logprobs needs logprobs=true", param="top_logprobs")
     check_logprobs(top, state.info, "top_logprobs")
     param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
+    check_max_tokens(req.max_new_tokens, False, param)
+    state.admission.check_size(req.n)
+    ids = await chat_prompt(state, req.messages, req.add_generation_prompt)
+    if trace is not None:
+        trace.mark("tokenized")
     prompt = Prompt(ids, None, resolve_max_tokens(len(ids), req.max_new_tokens, state.info, param))
-    sampling = Sampling(req.temperature, req.top_p, req.seed, req.stop, top if req.logprobs else None, None,
+    stop = tuple(dict.fromkeys((*req.stop, *state.info.chat_stop)))  # the answer ends with the model's turn
+    sampling = Sampling(req.temperature, req.top_p, req.seed, stop, top if req.logprobs else None, None,
                         req.ignore_eos)  # fmt: skip
     requests = fan_out(cid := f"chatcmpl-{uuid.uuid4().hex}", [prompt], req.n, sampling)
-    job = admit(state, arrival, cid, model, [prompt], requests, req.include_usage)
+    job = admit(state, arrival, cid, model, [prompt], requests, req.include_usage, trace)
     choices = [ChatChoiceState(i, req.logprobs) for i in range(len(requests))]
 
     def chunk(choice: ChatChunkChoice) -> str:

@@ -108,7 +108,7 @@ PROMPT_SHAPES = "prompt must be a string, a list of strings, a list of token ids
 
 class _Sampling(_Request):
     model: str | None = None
-    max_tokens: int | None = Field(None, ge=1)
+    max_tokens: int | None = Field(None, ge=0)  # 0 only with completions' echo (`prompts.check_max_tokens`)
     temperature: float = Field(1.0, ge=0.0, le=2.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     n: int = Field(1, ge=1, le=MAX_N)

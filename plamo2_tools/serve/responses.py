@@ -76,6 +76,22 @@ def legacy_logprobs(
     return out, offset
 
 
+def prompt_logprobs(tokens: Sequence[TokenLogprob], added: int, text_length: int,
+                    as_ids: bool = False) -> CompletionLogprobs:  # fmt: skip
+    """The echoed prompt's logprobs object: offsets into the echoed text, so the `added` leading tokens
+    the tokenizer put there (a BOS, not in the text) take no characters, and no offset passes the
+    text's end (byte tokens show one U+FFFD each for what is one character of the text), which keeps
+    the offsets monotonic into the generated tokens' (they start at the text's end)."""
+    out, _ = legacy_logprobs(tokens, 0, as_ids)
+    offset, offsets = 0, []
+    for n, t in enumerate(tokens):
+        offsets.append(min(offset, text_length))
+        if n >= added:
+            offset += len(t.token)
+    out.text_offset = offsets
+    return out
+
+
 def extend_logprobs(into: CompletionLogprobs, more: CompletionLogprobs) -> None:
     into.tokens += more.tokens
     into.token_logprobs += more.token_logprobs
@@ -103,6 +119,7 @@ class CompletionChoiceState:
     logprobs: CompletionLogprobs | None = None
     token_ids: list[int] = field(default_factory=list)
     tokens_as_ids: bool = False  # vLLM's return_tokens_as_token_ids: logprobs name tokens "token_id:N"
+    added_bos: int = 0  # leading prompt tokens the tokenizer added (not in the echoed text: no offset width)
 
     def delta(self, event: TokenEvent) -> tuple[str, CompletionLogprobs | None]:
         text, lp = "", CompletionLogprobs() if self.want_logprobs else None
@@ -112,7 +129,8 @@ class CompletionChoiceState:
                 text = self.echo_text
                 self.offset = len(self.echo_text)
         if lp is not None and self.echo_text is not None and event.prompt_logprobs is not None:
-            extend_logprobs(lp, legacy_logprobs(event.prompt_logprobs, 0, self.tokens_as_ids)[0])
+            extend_logprobs(lp, prompt_logprobs(event.prompt_logprobs, self.added_bos, len(self.echo_text),
+                                                self.tokens_as_ids))  # fmt: skip
         self.token_ids += event.token_ids
         text += event.text
         if lp is not None and event.logprobs is not None:

@@ -1,34 +1,26 @@
-"""The engine that serves PLaMo: `engine_api.Engine` over the runtime's continuous-batching loop
-(`runtime/serving/online.py:OnlineLoop`).
+"""The engine that serves PLaMo in this process: `loop_engine.LoopEngine` over the runtime's
+continuous-batching loop (`runtime/serving/online.py:OnlineLoop`) running as a thread here.
+
+Batch files (`generate --input`) use it; `plamo2-tools serve` runs its loop in the model's process
+and HTTP in another (`engine_core` + `front`), unless `PLAMO2_SERVE_HTTP_PROCESS=0` asks for this
+one (the A/B of docs/serve.md, "Where the time goes").
 
 Every HTTP sequence is one `GenerationRequest` of one loop (the seam's type is the loop's own), so
 concurrent clients share its decode steps; a finished or cancelled sequence gives its slot back at
-the loop's next iteration.  What this module adds to the loop:
-
-* **Text** by the runtime's rules (`runtime/serving/text.py`): `TextStream` over the generated
-  tokens (an EOS that ended the sequence adds none), cut at the earliest stop string; the same
-  text `generate` and `eval` give (`SequenceText`, also used by batch files).
-* **EOS**: the loop's, i.e. `text.stop_token_ids` of the checkpoint (tokenizer + generation_config),
-  the one rule of generate, eval and the server; `ignore_eos` per request.
-* **Logprobs** (generated tokens, and the prompt's with echo) in one scoring pass over prompt +
-  completion after the sequence ends (`OnlineLoop.token_scores`, run inside the loop between two of
-  its iterations): the decode step computes no log-softmax.  They come with the last event
-  (engine_api allows it); the text streams as it is generated.
-* **Threads**: the loop calls back on its own thread; events are handed to the asyncio loop in
-  one `call_soon_threadsafe` per batch of arrivals, not one per event.
-* **Failure**: if the loop dies, every request fails (500), `health` says so and `failed` is set,
-  which stops the server with a non-zero exit (`server.serve_forever`).
+the loop's next iteration.  The loop calls back on its own thread; events are handed to the asyncio
+loop in one `call_soon_threadsafe` per batch of arrivals, not one per event.  If the loop dies,
+every request fails (500), `health` says so and `failed` is set, which stops the server with a
+non-zero exit (`server.serve_forever`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
+import os
 import threading
 import time
-from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -36,21 +28,15 @@ from typing import Any
 from ..errors import UserError
 from ..runtime.serving.engine import Runtime, TokenScores
 from ..runtime.serving.online import Event, OnlineLoop
-from ..runtime.serving.text import TextStream, decode_kept_specials
-from .engine_api import (
-    Candidate,
-    EngineError,
-    EngineStats,
-    GenerationRequest,
-    Health,
-    ModelInfo,
-    RequestRejected,
-    TokenEvent,
-    TokenLogprob,
-)
+from ..runtime.serving.text import chat_turn_ends, decode_kept_specials, max_piece_chars
+from .engine_api import EngineError, EngineStats, GenerationRequest, ModelInfo, RequestRejected
+from .loop_engine import LoopEngine, Scores, chat_template_of, freeze_heap, merged, text_or_none
+from .trace import TRACE_ENV
 
 log = logging.getLogger(__name__)
 WARM_UP_TIMEOUT_S = 600.0  # the first request also captures every decode graph on CUDA
+
+__all__ = ["LoopOptions", "RuntimeEngine", "freeze_heap", "merged", "model_info", "warm_up_request"]
 
 
 @dataclass(frozen=True)
@@ -67,75 +53,58 @@ class LoopOptions:
                           sync_every=self.sync_every, memory_budget=self.memory_budget, **kwargs)  # fmt: skip
 
 
-def merged(event: Event, queue: asyncio.Queue[Event]) -> Event:
-    """`event` and whatever else of its sequence is already waiting, as one event: when the HTTP
-    thread falls behind the loop (hundreds of streams), each stream then gets one chunk per look
-    instead of a backlog of small ones, and the work per token shrinks as the load grows."""
-    while not event.finished and event.error is None and not queue.empty():
-        nxt = queue.get_nowait()
-        event = dataclasses.replace(nxt, token_ids=event.token_ids + nxt.token_ids,
-                                    prompt_logprobs=event.prompt_logprobs or nxt.prompt_logprobs)  # fmt: skip
-    return event
+def model_info(runtime: Runtime, loop: OnlineLoop, model_id: str, created: int, max_logprobs: int = 20,
+               chat_template: str | None = None) -> ModelInfo:  # fmt: skip
+    """What the server tells clients about the model (`chat_template` replaces the checkpoint's)."""
+    tok = runtime.tokenizer
+    bos_id = getattr(tok, "bos_token_id", None) if getattr(tok, "add_bos_token", False) else None
+    return ModelInfo(
+        model_id=model_id,
+        vocab_size=int(runtime.config.vocab_size),
+        max_context=loop.capacity,
+        max_batch=loop.max_batch,
+        eos_token_ids=loop.eos,
+        bos_token=text_or_none(getattr(tok, "bos_token", None)),
+        eos_token=text_or_none(getattr(tok, "eos_token", None)),
+        pad_token=text_or_none(getattr(tok, "pad_token", None)),
+        chat_template=chat_template if chat_template is not None else chat_template_of(tok),
+        max_logprobs=max_logprobs,
+        created=created,
+        prompt_bos_id=int(bos_id) if isinstance(bos_id, int) else None,
+        max_piece_chars=max_piece_chars(tok),
+        chat_stop=chat_turn_ends(tok),
+    )
 
 
-class SequenceText:
-    """One sequence's text from the loop's events: what `TokenEvent.text` says, by the runtime's
-    `TextStream` (no prompt context, so the text is decode(generated tokens) cut at the earliest
-    stop string, exactly what eval's `finish_text` gives)."""
-
-    def __init__(self, decode: Any, stop: Sequence[str], eos: Sequence[int]) -> None:
-        self.stream = TextStream(decode, stop)
-        self.eos = frozenset(eos)
-        self.tokens: list[int] = []
-
-    def text(self, event: Event) -> str:
-        new = list(event.token_ids)
-        self.tokens += new
-        if event.finished and event.finish_reason == "stop" and isinstance(event.stop_reason, int) and new:
-            new = new[:-1]  # the EOS that ended it shows no text (vLLM's skip_special_tokens)
-        out = self.stream.extend(new) if new and self.stream.stopped is None else ""
-        if event.finished:
-            out += self.stream.finish()
-        return out
+def warm_up_request(info: ModelInfo) -> GenerationRequest:
+    """One greedy token from a one-token prompt: the first forward (and on CUDA every decode graph's
+    capture) before the server takes connections."""
+    prompt = (info.eos_token_ids or (0,))[:1]
+    return GenerationRequest("plamo2-warm-up", tuple(prompt), 1, temperature=0.0)
 
 
-class RuntimeEngine:
-    """`engine_api.Engine` over a loaded `Runtime` (rank 0's side under torchrun)."""
+def scores_of(t: TokenScores) -> Scores:
+    return Scores(t.logprobs.tolist(), t.top_ids.tolist(), t.top_logprobs.tolist())
+
+
+class RuntimeEngine(LoopEngine):
+    """`engine_api.Engine` over a loaded `Runtime` whose loop runs as a thread of this process."""
 
     def __init__(self, runtime: Runtime, model_id: str, options: LoopOptions | None = None,
-                 max_logprobs: int = 20, log_failures: bool = True) -> None:  # fmt: skip
+                 max_logprobs: int = 20, chat_template: str | None = None,
+                 log_failures: bool = True) -> None:  # fmt: skip
         self.runtime = runtime
         self.log_failures = log_failures  # False: the caller raises the loop's failure itself (batch files)
         self.options = options or LoopOptions()
         self.loop = self.options.build(runtime)
-        tok = runtime.tokenizer
-        self.decode = decode_kept_specials(tok)
-        self._info = ModelInfo(
-            model_id=model_id,
-            vocab_size=int(runtime.config.vocab_size),
-            max_context=self.loop.capacity,
-            max_batch=self.loop.max_batch,
-            eos_token_ids=self.loop.eos,
-            bos_token=_text(getattr(tok, "bos_token", None)),
-            eos_token=_text(getattr(tok, "eos_token", None)),
-            pad_token=_text(getattr(tok, "pad_token", None)),
-            chat_template=_chat_template(tok),
-            max_logprobs=max_logprobs,
-            created=int(time.time()),
-        )
-        self.aio: asyncio.AbstractEventLoop | None = None
-        self.queues: dict[str, asyncio.Queue[Event]] = {}
+        info = model_info(runtime, self.loop, model_id, int(time.time()), max_logprobs, chat_template)
+        super().__init__(info, runtime.tokenizer, decode_kept_specials(runtime.tokenizer))
         self.lock = threading.Lock()
         self.arrived: list[Event] = []
         self.flush_scheduled = False
         self.scorer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="plamo2-serve-score")
         self.stopping = False
-        self.failed: str | None = None
-        self._pieces: dict[int, str] = {}
-
-    @property
-    def info(self) -> ModelInfo:
-        return self._info
+        self.tracing = self.loop.trace = bool(os.environ.get(TRACE_ENV))
 
     # ---- lifecycle -------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -144,11 +113,11 @@ class RuntimeEngine:
         self.aio = asyncio.get_running_loop()
         self.loop.start()
         threading.Thread(target=self._watch, name="plamo2-serve-watch", daemon=True).start()
-        prompt = (self.info.eos_token_ids or (0,))[:1]
-        warm = self.loop.submit(GenerationRequest("plamo2-warm-up", tuple(prompt), 1, temperature=0.0))
+        warm = self.loop.submit(warm_up_request(self.info))
         final = await self.aio.run_in_executor(None, warm.result, WARM_UP_TIMEOUT_S)
         if final.error is not None:
             raise EngineError(f"the generation loop failed at start: {final.error}")
+        freeze_heap()
 
     async def stop(self) -> None:
         self.stopping = True
@@ -171,63 +140,32 @@ class RuntimeEngine:
                 log.error("%s", why)
             self.failed = why
 
-    async def health(self) -> Health:
-        if self.failed is not None or not self.loop.alive:
-            return Health(False, self.failed or "the generation loop is not running")
-        return Health(True)
+    def _alive(self) -> bool:
+        return self.loop.alive
 
     def stats(self) -> EngineStats:
         s = self.loop.stats()
         return EngineStats(waiting=s.waiting, running=s.running)
 
-    # ---- tokens ----------------------------------------------------------------------------------
-    def tokenize(self, text: str, add_special_tokens: bool) -> list[int]:
-        return list(self.runtime.tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"])
+    # ---- the loop's side -------------------------------------------------------------------------
+    def _send_submit(self, request: GenerationRequest) -> None:
+        try:
+            self.loop.submit(request, on_event=self._from_loop)
+        except UserError as e:
+            if not self.loop.alive or self.failed is not None:
+                raise EngineError(self.failed or str(e)) from None
+            raise RequestRejected(str(e)) from None
 
-    def detokenize(self, token_ids: Sequence[int]) -> str:
-        return self.decode(list(token_ids))
-
-    def piece(self, token_id: int) -> str:
-        """A token's own text (OpenAI's logprobs.tokens), cached."""
-        text = self._pieces.get(token_id)
-        if text is None:
-            text = self._pieces[token_id] = self.decode([token_id])
-        return text
-
-    # ---- requests --------------------------------------------------------------------------------
-    def cancel(self, request_id: str) -> None:
+    def _send_cancel(self, request_id: str) -> None:
         self.loop.cancel(request_id)
 
-    async def submit(self, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
-        if self.failed is not None:
-            raise EngineError(self.failed)
-        queue: asyncio.Queue[Event] = asyncio.Queue()
-        self.queues[request.request_id] = queue
+    async def _token_scores(self, seqs: list[list[int]], starts: list[int], top_k: int) -> list[Scores]:
+        assert self.aio is not None
         try:
-            try:
-                self.loop.submit(request, on_event=self._from_loop)
-            except UserError as e:
-                if not self.loop.alive or self.failed is not None:
-                    raise EngineError(self.failed or str(e)) from None
-                raise RequestRejected(str(e)) from None
-            text = SequenceText(self.decode, request.stop, self.info.eos_token_ids)
-            scored = request.logprobs is not None or request.prompt_logprobs is not None
-            while True:
-                event = merged(await queue.get(), queue)
-                if event.error is not None:
-                    raise EngineError(event.error)
-                if event.finish_reason == "cancelled":
-                    return  # engine_api: a cancelled sequence's iterator ends without a finish reason
-                delta = text.text(event)
-                if event.finished:
-                    logprobs, prompt = await self._scores(request, text.tokens) if scored else (None, None)
-                    yield TokenEvent(event.token_ids, delta, logprobs, prompt, event.finish_reason,  # type: ignore[arg-type]
-                                     event.stop_reason)  # fmt: skip
-                    return
-                if event.token_ids or delta:
-                    yield TokenEvent(event.token_ids, delta, () if request.logprobs is not None else None)
-        finally:
-            self.queues.pop(request.request_id, None)
+            got = await self.aio.run_in_executor(self.scorer, self.loop.token_scores, seqs, starts, top_k)
+        except (UserError, TimeoutError) as e:
+            raise EngineError(f"scoring the sequence failed: {e}") from None
+        return [scores_of(t) for t in got]
 
     def _from_loop(self, event: Event) -> None:
         """On the loop's thread: queue the event; one wake-up of the asyncio loop per batch."""
@@ -243,57 +181,4 @@ class RuntimeEngine:
     def _flush(self) -> None:
         with self.lock:
             events, self.arrived, self.flush_scheduled = self.arrived, [], False
-        for e in events:
-            queue = self.queues.get(e.request_id)
-            if queue is not None:
-                queue.put_nowait(e)
-
-    async def _scores(self, request: GenerationRequest, generated: list[int]
-                      ) -> tuple[tuple[TokenLogprob, ...] | None, tuple[TokenLogprob, ...] | None]:  # fmt: skip
-        """Logprobs of the generated tokens (and of the prompt, when asked) from one scoring pass
-        over prompt + completion: the model's log-softmax, before temperature and top-p."""
-        prompt = list(request.prompt_token_ids)
-        seq = prompt + list(generated)
-        want_prompt = request.prompt_logprobs is not None
-        start = 1 if want_prompt else len(prompt)
-        k = max(request.logprobs or 0, request.prompt_logprobs or 0)
-        if start >= len(seq):  # nothing to score (a one-token prompt and no new token)
-            scores = None
-        else:
-            assert self.aio is not None
-            try:
-                (scores,) = await self.aio.run_in_executor(self.scorer, self.loop.token_scores, [seq], [start], k)
-            except (UserError, TimeoutError) as e:
-                raise EngineError(f"scoring the sequence failed: {e}") from None
-        entries = self._entries(seq, start, scores) if scores is not None else []
-        split = len(prompt) - start
-        gen = tuple(self._top(e, request.logprobs or 0) for e in entries[split:])
-        prompt_lp = None
-        if want_prompt:
-            first = TokenLogprob(prompt[0], self.piece(prompt[0]), None)
-            prompt_lp = (first, *(self._top(e, request.prompt_logprobs or 0) for e in entries[:split]))
-        return (gen if request.logprobs is not None else None), prompt_lp
-
-    def _entries(self, seq: list[int], start: int, s: TokenScores) -> list[TokenLogprob]:
-        ids, vals = s.top_ids.tolist(), s.top_logprobs.tolist()
-        return [
-            TokenLogprob(t, self.piece(t), float(lp), tuple(Candidate(i, self.piece(i), float(v))
-                                                            for i, v in zip(ids[n], vals[n], strict=True)))
-            for n, (t, lp) in enumerate(zip(seq[start:], s.logprobs.tolist(), strict=True))
-        ]  # fmt: skip
-
-    @staticmethod
-    def _top(entry: TokenLogprob, k: int) -> TokenLogprob:
-        return TokenLogprob(entry.token_id, entry.token, entry.logprob, entry.top[:k])
-
-
-def _text(value: Any) -> str | None:
-    return None if value is None else str(value)
-
-
-def _chat_template(tok: Any) -> str | None:
-    """The checkpoint's chat template (tokenizer_config.json's `chat_template`), if it has one."""
-    template = getattr(tok, "chat_template", None)
-    if isinstance(template, dict):  # HF allows named templates; the default one serves chat
-        template = template.get("default")
-    return template if isinstance(template, str) and template.strip() else None
+        self.deliver(events)

@@ -15,6 +15,7 @@ a supervisor restarts a process that exits non-zero, never one that hangs.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import signal
@@ -29,6 +30,7 @@ from .signals import stop_signals_handled
 
 log = logging.getLogger(__name__)
 DEFAULT_HOST = "127.0.0.1"  # local only unless asked: the API has no key by default
+CUT_GRACE_S = 5.0  # between the app's cut of running answers and uvicorn's cancelling of their tasks
 
 
 class _GracefulServer(uvicorn.Server):
@@ -37,6 +39,9 @@ class _GracefulServer(uvicorn.Server):
         self.app = app
         self.on_started = on_started
         self.failed: str | None = None
+        self.cut_after = (
+            max(0.0, config.timeout_graceful_shutdown - CUT_GRACE_S) if config.timeout_graceful_shutdown else 0.0
+        )
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)
@@ -55,6 +60,20 @@ class _GracefulServer(uvicorn.Server):
 
     def _state(self) -> Any:
         return getattr(getattr(self.app, "state", None), "serve", None)
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        """uvicorn's graceful shutdown, with the answers still running at `cut_after` seconds ended by
+        the app itself (an error event and [DONE], `ServerState.cut_all`) before uvicorn's own deadline
+        (CUT_GRACE_S later) would cancel their tasks mid-write."""
+        state = self._state()
+        timer = None
+        if state is not None and hasattr(state, "cut_all"):
+            timer = asyncio.get_running_loop().call_later(self.cut_after, state.cut_all)
+        try:
+            await super().shutdown(sockets)
+        finally:
+            if timer is not None:
+                timer.cancel()
 
     def capture_signals(self) -> contextlib.AbstractContextManager[None]:
         return stop_signals_handled(self.on_signal)
@@ -105,7 +124,7 @@ def serve_forever(
         host=host,
         port=port,
         log_level=log_level,
-        timeout_graceful_shutdown=shutdown_timeout,
+        timeout_graceful_shutdown=shutdown_timeout + CUT_GRACE_S,  # the app cuts at shutdown_timeout itself
         lifespan="on",
         access_log=False,
     )

@@ -26,6 +26,7 @@ from starlette.types import Receive, Scope, Send
 from .engine_api import Engine, EngineError, GenerationRequest, TokenEvent
 from .metrics import SequenceClock, ServerMetrics
 from .protocol import ApiError
+from .trace import RequestTrace
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -46,11 +47,16 @@ class Admission:
     def __init__(self, capacity: int, retry_after: int) -> None:
         self.capacity, self.retry_after, self.admitted = capacity, retry_after, 0
 
-    def admit(self, n: int) -> Lease:
+    def check_size(self, n: int) -> None:
+        """A request of `n` sequences that could never be admitted: 400 (before anything else is done
+        for it, tokenizing included)."""
         if n > self.capacity:
             raise ApiError(
                 400, f"this request needs {n} sequences (prompts x n); the server holds at most {self.capacity} at once"
             )
+
+    def admit(self, n: int) -> Lease:
+        self.check_size(n)
         if self.admitted + n > self.capacity:
             raise ApiError(
                 429,
@@ -88,14 +94,31 @@ class Run:
         metrics: ServerMetrics,
         lease: Lease,
         arrival: float,
+        trace: RequestTrace | None = None,
     ) -> None:
         self.engine, self.requests, self.metrics, self.lease = engine, requests, metrics, lease
-        self.arrival = arrival
+        self.arrival, self.trace = arrival, trace
         self.clocks = [SequenceClock(metrics, arrival) for _ in requests]
         self.finished: set[int] = set()
         self.completion_tokens = [0] * len(requests)
+        self.was_cut = False  # ended by the server's shutdown (`cut`), not by the engine
+
+    def cut(self) -> None:
+        """End this run now (the shutdown timeout): its engine sequences are cancelled, so their
+        iterators end without a finish reason, which `events` reports as an EngineError."""
+        self.was_cut = True
+        for i, r in enumerate(self.requests):
+            if i not in self.finished:
+                try:
+                    self.engine.cancel(r.request_id)
+                except Exception:  # a broken cancel must not stop the others' cut
+                    log.exception("engine.cancel(%s) failed", r.request_id)
 
     async def events(self) -> AsyncIterator[tuple[int, TokenEvent]]:
+        if len(self.requests) == 1:  # the common case: the engine's own iterator, no pump task per chunk
+            async for item in self._one():
+                yield item
+            return
         queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue(QUEUE_PER_SEQUENCE * len(self.requests))
         pumps = [asyncio.ensure_future(self._pump(i, r, queue)) for i, r in enumerate(self.requests)]
         try:
@@ -124,7 +147,39 @@ class Run:
             await asyncio.gather(*pumps, return_exceptions=True)
             self.lease.release_all()
 
+    async def _one(self) -> AsyncIterator[tuple[int, TokenEvent]]:
+        """`events` of a one-sequence request, the same rules without the pump: one hand-over (and
+        one task switch) less for every chunk a stream sends."""
+        stream: Any = None
+        try:
+            try:
+                stream = self.engine.submit(self.requests[0])
+                async for event in stream:
+                    self._account(0, event)
+                    yield 0, event
+                    if event.finish_reason is not None:
+                        break
+            except EngineError:
+                raise
+            except Exception as e:
+                raise EngineError(f"engine failed: {e!r}") from e
+            if 0 not in self.finished:
+                raise EngineError(f"the engine ended request {self.requests[0].request_id} without a finish reason")
+            self.metrics.e2e.observe(time.monotonic() - self.arrival)
+        except EngineError:
+            self._end_unfinished("error")
+            raise
+        finally:
+            self._end_unfinished("cancelled")
+            close = getattr(stream, "aclose", None)
+            if close is not None:
+                with contextlib.suppress(Exception):
+                    await close()
+            self.lease.release_all()
+
     def _account(self, i: int, event: TokenEvent) -> None:
+        if self.trace is not None and event.stamps is not None:
+            self.trace.merge(event.stamps)
         n = len(event.token_ids)
         self.completion_tokens[i] += n
         self.clocks[i].tokens(n)
@@ -190,11 +245,12 @@ class EventStream(StreamingResponse):
     """Server-sent events that stop (and run `on_close`) as soon as the client disconnects, and
     close their iterator however the response ends, so that no engine sequence outlives it."""
 
-    def __init__(self, chunks: AsyncIterator[str], on_close: Callable[[], None]) -> None:
+    def __init__(self, chunks: AsyncIterator[str], on_close: Callable[[], None],
+                 trace: RequestTrace | None = None) -> None:  # fmt: skip
         super().__init__(
             chunks, media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
         )
-        self.chunks, self.on_close = chunks, on_close
+        self.chunks, self.on_close, self.trace = chunks, on_close, trace
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
@@ -211,6 +267,8 @@ class EventStream(StreamingResponse):
         await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
         async for chunk in self.chunks:
             await send({"type": "http.response.body", "body": chunk.encode(), "more_body": True})
+            if self.trace is not None:
+                self.trace.mark("written")  # the first chunk carries the first token (respond waited for it)
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 

@@ -1,4 +1,4 @@
-"""`runtime_engine.merged`: events of one sequence that piled up while the HTTP thread was busy
+"""`loop_engine.merged`: events of one sequence that piled up while the HTTP thread was busy
 go out as one (tokens in order, the last event's end), never past the end of the sequence."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 
 from plamo2_tools.runtime.serving.online import Event
-from plamo2_tools.serve.runtime_engine import merged
+from plamo2_tools.serve.loop_engine import merged
 
 
 def test_waiting_events_are_merged_up_to_the_end() -> None:

@@ -41,6 +41,7 @@ from typing import Any, Protocol
 
 import torch
 
+from ...generation_request import sampling_settings
 from .core import RankCore
 from .graphs import DecodeRunner
 from .sampling import covering_mode, mode_of, request_key, select_rows
@@ -272,6 +273,7 @@ class GenerationLoop:
                 break
             if self.group is None and self._worth_admitting():
                 reqs = sched.admit(self.budget)
+                stamp(reqs, "scheduled")
                 self.stats.groups.append((len(sched.active()), len(reqs), len(sched.pending)))
                 self.group = PrefillGroup(self.engine, reqs, self.engine.prefill_chunk, self.budget)
             if self.group is not None and all(r.closed for r in self.group.reqs):
@@ -405,6 +407,7 @@ class GenerationLoop:
         )  # fmt: skip
         for r in reqs:
             r.live = True
+        stamp(reqs, "prefilled")
         self._record(first, [r.index for r in reqs], logits)
         self.sched.issue(reqs)
 
@@ -440,6 +443,15 @@ class GenerationLoop:
             live = sorted([*live, free])
 
 
+def stamp(reqs: Sequence[Request], stage: str) -> None:
+    """The time a traced request reached `stage` (a dict lookup per request when nothing is traced)."""
+    now = None
+    for r in reqs:
+        if r.stamps is not None:
+            now = now or time.monotonic()
+            r.stamps.setdefault(stage, now)
+
+
 def make_requests(
     prompts: Sequence[Sequence[int]],
     max_new: Sequence[int],
@@ -451,7 +463,7 @@ def make_requests(
 ) -> list[Request]:
     """Requests in input order; sampling streams keyed on (seed, caller's request key)."""
     ids = range(len(prompts)) if keys is None else keys
-    t, p = (float(temperature), float(top_p)) if temperature > 0 else (0.0, 1.0)
+    t, p = sampling_settings(temperature, top_p)
     return [
         Request(i, list(pr), int(m), request_key(seed, int(key)), temperature=t, top_p=p, stop=stop)
         for i, (pr, m, key) in enumerate(zip(prompts, max_new, ids, strict=True))

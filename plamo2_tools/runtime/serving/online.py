@@ -31,6 +31,7 @@ import itertools
 import queue
 import random
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
@@ -38,7 +39,7 @@ from typing import Any, Literal
 import torch.distributed as dist
 
 from ...errors import UserError
-from ...generation_request import GenerationRequest
+from ...generation_request import GenerationRequest, sampling_settings
 from .engine import RankEngine, Runtime, TokenScores
 from .generation import GenerationLoop, LoopStats
 from .memory import BatchPlan
@@ -72,6 +73,7 @@ class Event:
     stop_reason: str | int | None = None  # the stop string or EOS id that ended it
     prompt_logprobs: PromptLogprobs | None = None  # first event of a request that asked
     error: str | None = None  # the loop failed; the request is over
+    stamps: dict[str, float] | None = None  # `OnlineLoop.trace`: when the loop took, scheduled, prefilled, drained it
 
 
 @dataclass(frozen=True)
@@ -226,6 +228,8 @@ class RankIntake:
         return host.board.read(n)
 
     def take(self, loop: GenerationLoop, block: bool) -> None:
+        if self.rank == 0:  # what the loop holds now: an idle loop blocks next, and its gauges must read 0 meanwhile
+            self.host._publish_stats(loop)
         for cmd in self._exchange(block):
             if isinstance(cmd, Submit):
                 self._submit(loop, cmd)
@@ -260,11 +264,12 @@ class RankIntake:
             if cmd.watcher is None:
                 cmd.watcher = StopStringWatcher(self.host.decode, req.stop)
             stop = cmd.watcher
-        t, p = (float(req.temperature), float(req.top_p)) if req.temperature > 0 else (0.0, 1.0)
+        t, p = sampling_settings(req.temperature, req.top_p)
         key = request_key(cmd.seed, req.stream)
+        stamps = {"taken": time.monotonic()} if self.rank == 0 and self.host.trace else None
         loop.sched.add([Request(cmd.index, list(req.prompt_token_ids), int(req.max_tokens), key, temperature=t,
                                 top_p=p, stop=stop, tag=req.request_id,
-                                eos=frozenset() if req.ignore_eos else None)])  # fmt: skip
+                                eos=frozenset() if req.ignore_eos else None, stamps=stamps)])  # fmt: skip
 
 
 # ---- the host side ---------------------------------------------------------------------------------
@@ -306,6 +311,8 @@ class OnlineLoop:
         self.eos = tuple(int(t) for t in eos_token_ids)
         self.decode = decode or decode_kept_specials(runtime.tokenizer)
         self.on_batch, self.heartbeat = on_batch, heartbeat
+        self.trace = False  # stamp every request's stages (Event.stamps, first event): serve's PLAMO2_SERVE_TRACE
+        self.on_stats: Callable[[OnlineStats], None] | None = None  # on the loop's thread when `stats()` changes
         self.inbox = Inbox()
         world = getattr(runtime, "world", None)
         readers = len(runtime.engines) - 1 if runtime.mode != "dist" else 0
@@ -433,7 +440,11 @@ class OnlineLoop:
 
     # ---- called on the loop's thread (rank 0) ----------------------------------------------------
     def _publish_stats(self, loop: GenerationLoop) -> None:
-        self._stats = OnlineStats(len(loop.sched.pending), loop.sched.running)
+        stats = OnlineStats(len(loop.sched.pending), loop.sched.running)
+        if stats != self._stats:
+            self._stats = stats
+            if self.on_stats is not None:
+                self.on_stats(stats)
 
     def _deliver(self, updates: list[Update]) -> None:
         events = []
@@ -445,7 +456,10 @@ class OnlineLoop:
             if u.stop_hit and handle.request.stop:
                 text = self.decode([*handle.tokens, *u.tokens])
                 reason = earliest_stop(text, handle.request.stop)
-            event = Event(u.tag, u.tokens, u.finished, u.finish_reason, reason)  # type: ignore[arg-type]
+            stamps = None
+            if u.stamps is not None:
+                stamps = {**u.stamps, "drained": time.monotonic()}
+            event = Event(u.tag, u.tokens, u.finished, u.finish_reason, reason, stamps=stamps)  # type: ignore[arg-type]
             if u.finished:
                 with self.lock:
                     self.handles.pop(u.tag, None)

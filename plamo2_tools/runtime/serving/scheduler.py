@@ -83,6 +83,7 @@ class Request:
     finish_reason: FinishReason | None = None
     stop_reason: int | None = None  # the EOS id that ended it (stop strings: see `stop_hit`)
     stop_hit: bool = False  # ended by the stop callback
+    stamps: dict[str, float] | None = None  # traced requests only (serve's PLAMO2_SERVE_TRACE): stage -> time
 
     @property
     def issuing(self) -> bool:
@@ -100,6 +101,7 @@ class Update:
     finish_reason: FinishReason | None = None
     stop_reason: int | None = None  # the EOS id, when that ended it
     stop_hit: bool = False  # ended by the stop callback (a stop string)
+    stamps: dict[str, float] | None = None  # a traced request's stage times, with its first update only
 
 
 @dataclass
@@ -290,8 +292,9 @@ class Scheduler:
         new = tuple(r.tokens[r.reported :])
         if r.final_reported or (not new and not r.closed):
             return
+        stamps = r.stamps if r.reported == 0 and not r.final_reported else None
         r.reported, r.final_reported = len(r.tokens), r.closed
-        self.updates.append(Update(r.index, r.tag, new, r.closed, r.finish_reason, r.stop_reason, r.stop_hit))
+        self.updates.append(Update(r.index, r.tag, new, r.closed, r.finish_reason, r.stop_reason, r.stop_hit, stamps))
 
     def _accept(self, r: Request, token: int, logits: Tensor | None) -> None:
         r.tokens.append(token)

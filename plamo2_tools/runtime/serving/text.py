@@ -39,6 +39,46 @@ def stop_token_ids(model_dir: str | Path, tokenizer: Any) -> tuple[int, ...]:
     return tuple(dict.fromkeys(ids))
 
 
+def load_text_tokenizer(path: str | Path, trust_remote_code: bool = False) -> Any:
+    """The checkpoint's tokenizer for text alone (the server's HTTP process), without torch: what
+    `engine.load_tokenizer` loads (PLaMo's tokenizer.jsonl natively, in the flavour its model family
+    declares)."""
+    from ...model.registry import tokenizer_flavour
+    from ...tokenizer import load_tokenizer
+
+    return load_tokenizer(path, trust_remote_code=trust_remote_code, flavour=tokenizer_flavour(path))
+
+
+# PLaMo 3's end of an assistant turn in its chat format, one token of its vocabulary (vLLM's plamo3
+# parser, vllm-project/vllm#56575: EOT_TAG; llama.cpp's converter hard-codes id 4 instead).  `</s>` is
+# not one: it is an ordinary piece of every PLaMo vocabulary (llama.cpp#29577 stopped on it by spelling).
+CHAT_TURN_ENDS = ("<|plamo:tag|>",)
+
+
+def chat_turn_ends(tokenizer: Any) -> tuple[str, ...]:
+    """The markers of CHAT_TURN_ENDS that this tokenizer reads as one token: where a chat answer ends
+    (the model's end of its turn), as EOS ends a completion.  A tokenizer without the marker (PLaMo 2's)
+    gets none, so its text never stops an answer by accident."""
+    out = []
+    for marker in CHAT_TURN_ENDS:
+        ids = list(tokenizer(marker, add_special_tokens=False)["input_ids"])
+        if len(ids) == 1 and tokenizer.decode(ids) == marker:
+            out.append(marker)
+    return tuple(out)
+
+
+def max_piece_chars(tokenizer: Any) -> int | None:
+    """The longest text one token of PLaMo's native tokenizer stands for, in characters (pieces are
+    substrings of the text, a byte token a part of one character), so a text of L characters is at
+    least L / this many tokens; None for other tokenizers (one that normalizes text could make one
+    token of many characters)."""
+    from ...tokenizer.hf import PlamoTokenizerNative
+
+    if not isinstance(tokenizer, PlamoTokenizerNative):
+        return None
+    return max((len(piece) for piece in tokenizer.get_vocab()), default=None)
+
+
 def decode_kept_specials(tokenizer: Any) -> Decode:
     """vLLM's output text: special tokens kept, no spaces between them, no clean-up."""
 
