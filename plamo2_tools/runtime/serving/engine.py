@@ -32,7 +32,7 @@ from ..rank.comm import DistComm, LocalComm, LocalWorld, init_distributed, shutd
 from ..rank.weights import load_rank_weights
 from .core import RankCore
 from .generation import GenerateOptions, GenerationLoop, Intake, LoopStats, OnUpdates, make_requests
-from .graphs import DecodeRunner
+from .graphs import DecodeRunner, GraphBackend
 from .memory import BatchPlan, device_budget, plan_batch, rank_bytes
 from .sampling import MODES, mode_of
 from .scheduler import Scheduler, Update
@@ -76,17 +76,19 @@ class RankEngine(RankCore):
         cuda_graph: bool = True,
         prefill_tokens: int | None = None,
         forward_options: dict[str, Any] | None = None,
+        verify_files: bool = True,
     ) -> None:
         info = comm.info
         cfg = manifest.config
         ops = get_ops(backend, device)
-        weights = load_rank_weights(manifest, info.rank, device)
+        weights = load_rank_weights(manifest, info.rank, device, verify=verify_files)  # digests taken as it copies
         model = family_of(cfg).rank_model(
             cfg, manifest.mapping.stages[info.pp_rank], weights, ops, comm, dtype=manifest.activation_dtype.torch,
             **(forward_options or {}),
         )  # fmt: skip
         super().__init__(model, cfg, comm, device, ops, prefill_chunk, cuda_graph, prefill_tokens)
         self.decode_runner: DecodeRunner | None = None
+        self.graph_backend: GraphBackend | None = None  # None: CUDA graphs where possible (graphs.py)
         self.stats = LoopStats()  # summed over every generation loop of this rank
         self.last_plan: BatchPlan | None = None  # the last max_batch="auto" decision
         self.serving_stats = LoopStats()  # the current (or last) online loop's
@@ -310,7 +312,7 @@ class RankEngine(RankCore):
         """The decode slot pool (and its graphs), kept between calls while it is big enough."""
         if self.decode_runner is None or not self.decode_runner.fits(slots, capacity):
             self.decode_runner = None  # free the old pool first
-            self.decode_runner = DecodeRunner(self, slots, capacity, self.cuda_graph)
+            self.decode_runner = DecodeRunner(self, slots, capacity, self.cuda_graph, self.graph_backend)
         return self.decode_runner
 
 
@@ -350,9 +352,11 @@ class Runtime:
         mapping = self.manifest.mapping
         self.mode = ("dist" if int(os.environ.get("WORLD_SIZE", "1")) > 1 else "local") if mode == "auto" else mode
         self._tokenizer: Any = None
-        # The files this process loads, against the manifest, before any is used (shards/integrity.py).
+        # The files this process loads, against the manifest, before any is read (shards/integrity.py):
+        # side files, presence, headers; their digests are taken from the loaded bytes while they
+        # are loaded (rank/weights.py), and a mismatch refuses the load there.
         own = [int(os.environ.get("RANK", "0"))] if self.mode == "dist" else range(mapping.world_size)
-        verify_shard_files(self.manifest, own, digests=verify_files)
+        verify_shard_files(self.manifest, own, digests=False)
         if self.mode == "dist":
             rank, world, local_device = init_distributed(device)
             if world != mapping.world_size:
@@ -372,6 +376,7 @@ class Runtime:
                     cuda_graph,
                     prefill_tokens,
                     self.forward_options,
+                    verify_files,
                 )  # fmt: skip
             ]
         else:
@@ -391,6 +396,7 @@ class Runtime:
                     cuda_graph,
                     prefill_tokens,
                     self.forward_options,
+                    verify_files,
                 )  # fmt: skip
                 for r in range(mapping.world_size)
             ]
