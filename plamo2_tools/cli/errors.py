@@ -20,7 +20,7 @@ import typer
 from rich.markup import escape
 from typer.core import TyperGroup
 
-from .. import __version__
+from .. import __version__, timeline
 from ..errors import BUG_EXIT_CODE, ENVIRONMENT_ERRNOS, REPORT_BUGS_TO, Plamo2Error
 from .console import err
 
@@ -95,6 +95,7 @@ def handle_errors(fn: F) -> F:
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         signal.signal(signal.SIGTERM, _raise_interrupt)
+        timeline.mark("command")  # interpreter, imports and parsing done (issue 33: the split of a shell run)
         try:
             return fn(*args, **kwargs)
         except Plamo2Error as e:

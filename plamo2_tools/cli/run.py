@@ -13,6 +13,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
+from .. import timeline
 from ..errors import CheckFailed, UserError
 from ..serve import API_KEY_ENV  # the package's __init__ imports nothing heavy
 from .console import RequestProgress, err, out, print_json, step_progress
@@ -369,6 +370,7 @@ def generate(
                 sys.stdout.write(text)
                 sys.stdout.flush()
 
+        timeline.mark("tokens_start")
         start = time.perf_counter()
         gen = rt.generate([ids], max_new_tokens, eos_token_ids=stop_token_ids(shards, tok), temperature=temperature,
                           top_p=top_p, seed=seed, on_token=on_token)  # fmt: skip
@@ -378,7 +380,7 @@ def generate(
         tokens = gen.tokens[0]
         if as_json:
             print_json({"prompt": prompt, "prompt_tokens": len(ids), "tokens": tokens, "text": decode(tokens),
-                        "seconds": seconds})  # fmt: skip
+                        "seconds": seconds, "timeline": timeline.timeline()})  # fmt: skip
         else:
             sys.stdout.write(stream.finish() + "\n")
             err.print(f"{len(tokens)} tokens in {seconds:.2f} s ({len(tokens) / max(seconds, 1e-9):.1f} tokens/s)")

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .. import timeline
 from ..errors import Plamo2Error, UserError
 from ..runtime.process.result_io import result_type
 from ..safetensors_io import atomic_write_text
@@ -95,7 +96,8 @@ class EvalOutcome:
         keep = ("results", "versions", "n-shot", "n-samples", "config", "task_hashes")
         data: dict[str, Any] = {"kind": EVAL_KIND, "schema_version": EVAL_SCHEMA_VERSION}
         data.update((k, self.results[k]) for k in keep if k in self.results)
-        data.update(files=self.files, launched=self.launched, wall_seconds=self.wall_seconds)
+        data.update(files=self.files, launched=self.launched, wall_seconds=self.wall_seconds,
+                    timeline=timeline.timeline())  # fmt: skip
         return json.loads(json.dumps(data, default=handle_non_serializable))
 
 
@@ -117,6 +119,7 @@ def evaluate_model(lm: Any, request: EvalRequest, cache_root: str | Path) -> Eva
         {k: Path(v) for k, v in request.data["files"].items()}, request.data["sha256"], request.data["verified"]
     )
     tracker = EvaluationTracker(output_path=request.output_path)
+    timeline.mark("lm_eval_start")
     with hf_offline(cache_root), _quiet_git_hash(), contextlib.ExitStack() as fixes:
         for workaround in LM_EVAL_WORKAROUNDS:
             fixes.enter_context(workaround())
@@ -133,6 +136,7 @@ def evaluate_model(lm: Any, request: EvalRequest, cache_root: str | Path) -> Eva
             log_samples=request.log_samples,
             evaluation_tracker=tracker,
         )
+    timeline.mark("lm_eval_end")
     if results is None:  # not the process that writes (torchrun rank with LOCAL_RANK != 0)
         return None
     samples = results.pop("samples", {}) if request.log_samples else {}

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ... import timeline
 from ...errors import UserError
 from ...kernels import get_ops
 from ...model import family_of
@@ -341,6 +342,7 @@ class Runtime:
         family's choices for its forward (`Family.runtime_options`, e.g. PLaMo 3's window
         convention); `memory_budget` (bytes) replaces the device's free memory in
         `max_batch="auto"` (see `memory`)."""
+        timeline.mark("load_start")
         self.manifest = load_manifest(shards)
         self.memory_budget = memory_budget
         self.batch_plan: BatchPlan | None = None  # the last "auto" decision
@@ -400,6 +402,7 @@ class Runtime:
                 )  # fmt: skip
                 for r in range(mapping.world_size)
             ]
+        timeline.mark("load_end")
 
     @property
     def dtype(self) -> torch.dtype:
