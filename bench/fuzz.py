@@ -26,9 +26,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "security")]
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
-KIND = "plamo2-bench-fuzz"
-SCHEMA_VERSION = 1
-
+from plamo2_tools.kinds import BENCH_FUZZ_KIND as KIND  # noqa: E402 - after sys.path above
+from plamo2_tools.kinds import BENCH_FUZZ_SCHEMA_VERSION as SCHEMA_VERSION  # noqa: E402
 
 BATCH = 40  # inputs per Hypothesis run; the time budget is checked between runs
 

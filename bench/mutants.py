@@ -400,9 +400,9 @@ mutant(
 mutant(
     "runtime-verify-rank0-only",
     "rank-damage",
-    "plamo2_tools/runtime/serving/engine.py",
-    'own = [int(os.environ.get("RANK", "0"))] if self.mode == "dist" else range(mapping.world_size)',
-    'own = [int(os.environ.get("RANK", "0"))] if self.mode == "dist" else range(1)',
+    "plamo2_tools/runtime/rank/comm.py",
+    'return [int(os.environ.get("RANK", "0"))] if mode == "dist" else list(range(world_size))',
+    'return [int(os.environ.get("RANK", "0"))] if mode == "dist" else list(range(1))',
     T_MULTIPART,
     "thread ranks load the other ranks' files unverified",
 )

@@ -46,6 +46,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+# Run as a script, this file's folder is sys.path[0], where the benchmark suite's modules would shadow
+# packages vLLM and transformers import by the same names (bench/kernels.py is not HF's `kernels`).
+# Nothing here is imported from bench/.
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+
 KIND = "plamo2-vllm-compat"
 VERSION = 1
 PLAMO2_PRESETS = ("tiny", "tiny-gqa", "tiny-edge")

@@ -6,6 +6,7 @@ inside functions count too):
 * the runtime's three rooms: the rank below the serving loop below the processes;
 * the server (`serve/`) a consumer of the runtime, like eval: imported by the commands alone, its
   HTTP layer apart from the runtime (only the engine, batch and service modules load it);
+* the result kinds (`kinds.py`) a leaf, and the report standing on them and the foundation alone;
 * files: no import cycle between any two modules of the package, and no module importing another
   module's `_private` names.
 """
@@ -28,10 +29,17 @@ FOUNDATION = {
     "safetensors_io",
     "digest",
     "outputs",
+    "kinds",
+    "token_ids",
+    "generation_request",
+    "version",
     "__init__",
 }
 # PLaMo's tokenizer format is a leaf (it imports only errors); synth writes one for every checkpoint.
 LEAVES = {"tokenizer"}
+# What each result file is (kinds.py: kind and schema version), part of the foundation: it imports
+# nothing; the writers of every result and the report read it.
+KINDS = "kinds"
 
 
 def _module_of(path: Path) -> str:
@@ -94,6 +102,13 @@ def _package_graph() -> dict[str, set[str]]:
 GRAPH = _package_graph()
 
 
+def _floor(graph: dict[str, set[str]], unit: str, path: frozenset[str] = frozenset()) -> int:
+    """1 for a unit that imports no other, else one above the highest unit it imports (a cycle, which
+    test_no_cycles_between_packages reports, is cut where it closes)."""
+    below = graph.get(unit, set()) - path - {unit}
+    return 1 + max((_floor(graph, d, path | {unit}) for d in below), default=0)
+
+
 def _reach(graph: dict[str, set[str]], start: str) -> set[str]:
     seen, todo = set(), [start]
     while todo:
@@ -121,6 +136,32 @@ def test_kernels_know_no_model() -> None:
                                   "serve", "deploy"])  # fmt: skip
 def test_nothing_but_the_commands_imports_convert(unit: str) -> None:
     assert "convert" not in GRAPH.get(unit, set())
+
+
+def test_kinds_is_a_leaf() -> None:
+    assert GRAPH[KINDS] == set(), GRAPH[KINDS]
+
+
+def test_the_report_reads_kinds_not_their_writers() -> None:
+    """report/ renders JSON: it stands on the foundation and the kinds leaf alone, never on the code
+    that writes the files (convert, verify, eval, ... and through them the runtime and PyTorch), so
+    `plamo2-tools report` starts as fast as a byte-moving command; its floor is 4 (jsonio, 3, below it)."""
+    assert GRAPH["report"] <= FOUNDATION, GRAPH["report"] - FOUNDATION
+    assert _floor(GRAPH, "report") <= 4
+
+
+def test_the_package_never_imports_the_benchmarks() -> None:
+    """bench/ stands beside the installed package and on it, never under it: an installed
+    plamo2-tools has no `bench` to import."""
+    users = set()
+    for m, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and not node.level:
+                names = [node.module or ""]
+            if any(n == "bench" or n.startswith("bench.") for n in names):
+                users.add(m)
+    assert not users, users
 
 
 def test_nothing_imports_the_cli() -> None:
@@ -155,6 +196,18 @@ def test_deploy_judges_from_above_the_runtime() -> None:
     assert GRAPH["deploy"] <= allowed, GRAPH["deploy"] - allowed
     users = {m for m, deps in FILES.items() if any(_unit(d) == "deploy" for d in deps)}
     assert {_unit(m) for m in users} <= {"deploy", "cli", "export", "report"}, users
+
+
+def test_the_public_face_stands_above_everything() -> None:
+    """`plamo2_tools/__init__.py` exports the library API (`api.py`) lazily: no module of the
+    package imports the package's `__init__` or `api` (the version lives in `version.py`), so the
+    face can import anything without a cycle, and every name it exports has a home that exists."""
+    import plamo2_tools
+
+    users = {m for m, deps in FILES.items() if {"plamo2_tools", "plamo2_tools.api"} & deps}
+    assert not users, users
+    for name, home in plamo2_tools._HOMES.items():
+        assert f"plamo2_tools{home}" in MODULES, (name, home)
 
 
 def test_no_cycles_between_packages() -> None:
@@ -193,5 +246,6 @@ def test_the_graph_is_read_at_all() -> None:
     assert "model" in GRAPH["shards"] and "shards" in GRAPH["runtime"] and "convert" in GRAPH["cli"]
     assert "runtime" in GRAPH["serve"] and "serve" in GRAPH["cli"]
     assert "plamo2_tools.model.layout" in FILES["plamo2_tools.model.family"]
+    assert _floor(GRAPH, "cli") > _floor(GRAPH, "runtime") > _floor(GRAPH, "model") > _floor(GRAPH, "errors") == 1
     planted = {**FILES, "plamo2_tools.model.layout": FILES["plamo2_tools.model.layout"] | {"plamo2_tools.model.family"}}
     assert "plamo2_tools.model.layout" in _reach(planted, "plamo2_tools.model.layout")

@@ -20,8 +20,9 @@ import typer
 from rich.markup import escape
 from typer.core import TyperGroup
 
-from .. import __version__, timeline
+from .. import timeline
 from ..errors import BUG_EXIT_CODE, ENVIRONMENT_ERRNOS, REPORT_BUGS_TO, Plamo2Error
+from ..version import __version__
 from .console import err
 
 # Typer's own click (a vendored copy in recent Typer, the click package in older ones): its
@@ -55,6 +56,7 @@ class OneLineErrors(TyperGroup):
     def main(self, args: Any = None, prog_name: Any = None, complete_var: Any = None,
              standalone_mode: bool = True, **extra: Any) -> Any:  # fmt: skip
         _plain_flags(self)
+        _forward_option_help(self, sys.argv[1:] if args is None else list(args))
 
         def run() -> Any:
             return super(OneLineErrors, self).main(
@@ -87,6 +89,23 @@ def _plain_flags(group: Any) -> None:
         for param in getattr(command, "params", []):
             if getattr(param, "is_flag", False) and getattr(param, "metavar", "") is None:
                 param.metavar = ""
+
+
+def _forward_option_help(group: Any, args: list[str]) -> None:
+    """`COMMAND --help` lists what `--option` can choose, from the registered families
+    (model.registry.runtime_options_help); built only for a help screen, since the registry costs
+    a numpy import that running a byte-moving command or `--help` itself need not pay."""
+    from .options import FORWARD_OPTION_HELP
+
+    if "--help" not in args:
+        return
+    for name, command in getattr(group, "commands", {}).items():
+        params = [p for p in getattr(command, "params", []) if "--option" in getattr(p, "opts", ())]
+        if name in args and params:
+            from ..model.registry import runtime_options_help
+
+            for param in params:
+                param.help = f"{FORWARD_OPTION_HELP} {runtime_options_help()}."
 
 
 def handle_errors(fn: F) -> F:

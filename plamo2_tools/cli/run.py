@@ -17,7 +17,7 @@ from .. import timeline
 from ..errors import CheckFailed, UserError
 from ..serve import API_KEY_ENV  # the package's __init__ imports nothing heavy
 from .console import RequestProgress, err, out, print_json, step_progress
-from .options import Backend, CudaGraph, Device, Json, Launch, NoVerify, TrustRemoteCode, WindowConvention
+from .options import Backend, CudaGraph, Device, ForwardOption, Json, Launch, NoVerify, TrustRemoteCode
 from .validators import (
     check_output_file,
     check_runtime_options,
@@ -26,7 +26,8 @@ from .validators import (
     forward_options,
     int_list,
     is_shard_dir,
-    parse_batch_size,
+    parse_max_batch,
+    runtime_args,
 )
 
 
@@ -37,7 +38,7 @@ def logits(
     precision: Annotated[str, typer.Option(help="Reference forward precision: float64 or float32.")] = "float64",
     backend: Backend = "auto",
     device: Device = "cpu",
-    window_convention: WindowConvention = None,
+    option: ForwardOption = None,
     no_verify: NoVerify = False,
 ) -> None:
     """Logits of one token sequence, written as a float32 .npy array of shape (tokens, vocab):
@@ -48,7 +49,7 @@ def logits(
     if not ids:
         raise UserError("--input-ids needs at least one token id")
     check_output_file(out_file, "--out")
-    options = forward_options(window_convention)
+    options = forward_options(option)
     if is_shard_dir(path):
         from ..shards.manifest import load_manifest
 
@@ -157,7 +158,7 @@ def verify(
     prefill_chunk: Annotated[
         int | None, typer.Option(help="Prefill at most this many tokens per sequence per step.")
     ] = None,
-    window_convention: WindowConvention = None,
+    option: ForwardOption = None,
     target_precision: Annotated[
         str,
         typer.Option(
@@ -180,7 +181,7 @@ def verify(
     """Check deployments against the reference forward of the original checkpoint: per position KL,
     top-1, log-prob of each token and the first divergent position, teacher-forced and along each
     target's own greedy continuation (docs/deploy.md).  PLaMo 3 targets are compared under each window
-    convention unless --window-convention pins one.  Exit 1 when a target diverges, naming where."""
+    convention unless --option window_convention=... pins one.  Exit 1 when a target diverges, naming where."""
     from ..deploy.compare import PRECISIONS
     from ..deploy.reference import Reference
     from ..deploy.target import detect_kind
@@ -205,7 +206,7 @@ def verify(
     for i, ids in enumerate(prompt_ids):
         check_tokens(ids, ref.config, max_new_tokens, f"prompt {i + 1}")
     tokenizer = reference_tokenizer(reference)
-    pinned = forward_options(window_convention)
+    pinned = forward_options(option)
     options = {"device": device, "backend": backend, "launch": launch, "prefill_chunk": prefill_chunk,
                "forward_options": pinned, "verify_files": not no_verify, "api_key": api_key, "timeout": timeout,
                "model": server_model, "top_k": top_k, "on_note": None if as_json else _note}  # fmt: skip
@@ -316,7 +317,7 @@ def generate(
     device: Device = "cpu",
     backend: Backend = "auto",
     trust_remote_code: TrustRemoteCode = False,
-    window_convention: WindowConvention = None,
+    option: ForwardOption = None,
     no_verify: NoVerify = False,
     cuda_graph: CudaGraph = True,
     as_json: Json = False,
@@ -329,22 +330,28 @@ def generate(
     """
     if (prompt is None) == (input_file is None):
         raise UserError("give either --prompt TEXT or --input FILE (with --output FILE)")
+    check_sampling(temperature, top_p, max_new_tokens)
+    sampling = {"max_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p, "seed": seed}
+    run = runtime_args(shards, device, backend, option, no_verify, trust_remote_code, cuda_graph)
     if input_file is not None:
-        generate_file(shards, input_file, output, strict, max_batch, max_new_tokens, temperature, top_p, seed, device,
-                      backend, trust_remote_code, window_convention, no_verify, cuda_graph, as_json)  # fmt: skip
-        return
-    if output is not None or strict:
+        generate_file(input_file, output, strict, max_batch, sampling, run, as_json)
+    elif output is not None or strict:
         raise UserError("--output and --strict go with --input")
+    else:
+        generate_prompt(prompt, sampling, run, as_json)
+
+
+def generate_prompt(prompt: str, sampling: dict[str, Any], run: dict[str, Any], as_json: bool) -> None:
+    """`generate --prompt`: one continuation, streamed to stdout as it is generated."""
     from ..shards.manifest import load_manifest
 
-    # Cheapest first, torch last (issue 33): options, the directory, the device, then the tokenizer
-    # (transformers) and the runtime (torch).
-    check_sampling(temperature, top_p, max_new_tokens)
+    # Cheapest first, torch last (issue 33): the directory, then the tokenizer (transformers), then
+    # the runtime (torch); options and the device were checked before (runtime_args).
+    shards, max_new_tokens = Path(run["shards"]), sampling["max_tokens"]
     cfg = load_manifest(shards).config
-    check_runtime_options(device, backend)
     from ..tokenizer import load_tokenizer
 
-    tok = load_tokenizer(shards, trust_remote_code=trust_remote_code)
+    tok = load_tokenizer(shards, trust_remote_code=run["trust_remote_code"])
     ids = list(tok(prompt)["input_ids"])
     if not ids:
         raise UserError("--prompt: the prompt has no tokens")
@@ -356,11 +363,7 @@ def generate(
     show = (as_json or not sys.stdout.isatty()) and os.environ.get("RANK", "0") == "0"
     bar = step_progress("generate", max_new_tokens, enabled=show)
     decode = decode_kept_specials(tok)
-    with (
-        Runtime(shards, device=device, backend=backend, verify_files=not no_verify, cuda_graph=cuda_graph,
-                forward_options=forward_options(window_convention)) as rt,
-        bar as progress,
-    ):  # fmt: skip
+    with Runtime(**run) as rt, bar as progress:
         stream = TextStream(decode)
 
         def on_token(i: int, token: int) -> None:
@@ -372,8 +375,9 @@ def generate(
 
         timeline.mark("tokens_start")
         start = time.perf_counter()
-        gen = rt.generate([ids], max_new_tokens, eos_token_ids=stop_token_ids(shards, tok), temperature=temperature,
-                          top_p=top_p, seed=seed, on_token=on_token)  # fmt: skip
+        gen = rt.generate([ids], max_new_tokens, eos_token_ids=stop_token_ids(shards, tok),
+                          temperature=sampling["temperature"], top_p=sampling["top_p"], seed=sampling["seed"],
+                          on_token=on_token)  # fmt: skip
         seconds = time.perf_counter() - start
         if not rt.is_main:
             return
@@ -386,10 +390,8 @@ def generate(
             err.print(f"{len(tokens)} tokens in {seconds:.2f} s ({len(tokens) / max(seconds, 1e-9):.1f} tokens/s)")
 
 
-def generate_file(shards: Path, input_file: Path, output: Path | None, strict: bool, max_batch: str,
-                  max_new_tokens: int, temperature: float, top_p: float, seed: int, device: str, backend: str,
-                  trust_remote_code: bool, window_convention: str | None, no_verify: bool, cuda_graph: bool,
-                  as_json: bool) -> None:  # fmt: skip
+def generate_file(input_file: Path, output: Path | None, strict: bool, max_batch: str, sampling: dict[str, Any],
+                  run: dict[str, Any], as_json: bool) -> None:  # fmt: skip
     """`generate --input`: the batch file through the online loop (serve/batch.py)."""
     from ..shards.manifest import load_manifest
 
@@ -400,24 +402,15 @@ def generate_file(shards: Path, input_file: Path, output: Path | None, strict: b
     if output.resolve() == input_file.resolve():
         raise UserError("--output must not be the --input file")
     check_output_file(output, "--output")
-    check_sampling(temperature, top_p, max_new_tokens)
-    check_runtime_options(device, backend)
-    batch = parse_batch_size(max_batch)
-    if batch != "auto" and int(batch) < 1:
-        raise UserError(f"--max-batch {max_batch}: must be >= 1 or auto")
-    load_manifest(shards)
+    batch = parse_max_batch(max_batch)
+    load_manifest(run["shards"])
     from ..runtime.serving.engine import Runtime
     from ..serve.batch import run_batch
 
     main = os.environ.get("RANK", "0") == "0"
     bar = RequestProgress(enabled=main and not as_json)
-    defaults = {"max_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p, "seed": seed}
-    with (
-        Runtime(shards, device=device, backend=backend, verify_files=not no_verify, cuda_graph=cuda_graph,
-                trust_remote_code=trust_remote_code, forward_options=forward_options(window_convention)) as rt,
-        bar,
-    ):  # fmt: skip
-        summary = run_batch(rt, str(input_file), str(output), defaults, strict, batch,
+    with Runtime(**run) as rt, bar:
+        summary = run_batch(rt, str(input_file), str(output), sampling, strict, batch,
                             on_start=bar.start, on_result=bar.result,
                             on_refused=lambda n, why: bar.warn(f"--input line {n}: {why}"))  # fmt: skip
     if summary is None:  # a torchrun rank other than 0

@@ -11,8 +11,8 @@ import typer
 
 from ..errors import UserError
 from .console import err, out, print_json, step_progress
-from .options import Backend, Device, Json, NoVerify, WindowConvention
-from .validators import check_output_dir, check_runtime_options, forward_options, parse_batch_size
+from .options import Backend, Device, ForwardOption, Json, NoVerify
+from .validators import check_output_dir, parse_max_batch, runtime_args
 
 MODES = ("greedy", "sample", "top_p")
 
@@ -35,7 +35,7 @@ def warmup(
     ] = None,
     device: Device = "cpu",
     backend: Backend = "auto",
-    window_convention: WindowConvention = None,
+    option: ForwardOption = None,
     no_verify: NoVerify = False,
     as_json: Json = False,
 ) -> None:
@@ -45,9 +45,7 @@ def warmup(
     themselves.  Run it once per machine (and after upgrading torch, Triton or plamo2-tools)."""
     from ..shards.manifest import load_manifest
 
-    batch = parse_batch_size(max_batch)
-    if batch != "auto" and int(batch) < 1:
-        raise UserError(f"--max-batch {max_batch}: must be >= 1 or auto")
+    batch = parse_max_batch(max_batch)
     if capacity < 2:
         raise UserError(f"--capacity {capacity}: must be >= 2")
     if max_prompt_tokens is not None and max_prompt_tokens < 1:
@@ -60,12 +58,11 @@ def warmup(
             raise UserError("--tuned-out: a card's table is measured on that card (--device cuda)")
         check_output_dir(tuned_out, "--tuned-out")
     load_manifest(shards)  # a finished shard directory, or one line now
-    check_runtime_options(device, backend)
+    run = runtime_args(shards, device, backend, option, no_verify)
     from ..runtime.serving.engine import Runtime
     from ..runtime.serving.warmup import plan_for, warm, write_tuned_table
 
-    with Runtime(shards, device=device, backend=backend, verify_files=not no_verify,
-                 forward_options=forward_options(window_convention)) as rt:  # fmt: skip
+    with Runtime(**run) as rt:
         plan = plan_for(rt, batch, capacity, max_prompt_tokens, chosen)
         steps = len(plan.prefill) + _decode_steps(plan.slots)
         with step_progress("warmup", steps, enabled=not as_json) as progress:

@@ -62,7 +62,7 @@ class Reference:
         defaults first (a family without options: one empty set)."""
         pinned = dict(pinned or {})
         self.family.check_runtime_options(pinned)  # an unknown option or value: one line, now
-        choices = self.family.runtime_options()
+        choices = {o.name: o.choices for o in self.family.runtime_options}
         free = [k for k in choices if k not in pinned]
         combos = itertools.product(*(choices[k] for k in free))
         return [self.family.check_runtime_options({**pinned, **dict(zip(free, c, strict=True))}) for c in combos]

@@ -17,12 +17,12 @@ from typing import Any
 
 import numpy as np
 
-from .. import __version__
 from ..dtypes import dtype_name
 from ..errors import UserError
 from ..model import hf_tensor_shapes
 from ..shards.integrity import verify_shard_files
 from ..shards.manifest import load_manifest
+from ..version import __version__
 from .compare import log_softmax
 from .target import Continuation, Scores
 

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from ..kinds import VERIFY_TARGETS_KIND, VERIFY_TARGETS_SCHEMA_VERSION
 from .compare import KL_FULL, KL_TOPK, THRESHOLDS, Thresholds, jsonable, judge, per_position, score_positions
 from .prompts import PARITY_TEXT
 from .reference import Options, Reference, convention_label
@@ -23,8 +24,6 @@ from .target import Continuation, Scores, Target
 
 # The result of `verify TARGET...` (--json, --output), read by `plamo2-tools report` (its "verify"
 # section).  Bump the version when a field changes meaning or goes away (adding one is compatible).
-VERIFY_TARGETS_KIND = "plamo2-verify-targets"
-VERIFY_TARGETS_SCHEMA_VERSION = 1
 # A server says nothing about its precision: judged as bfloat16 (vLLM's and SGLang's default for
 # PLaMo) unless --target-precision says otherwise.
 ASSUMED_SERVER_PRECISION = "bfloat16"
@@ -282,5 +281,5 @@ def failure_line(result: dict[str, Any]) -> str:
     return f"{t['location']} diverges from the reference{where}{more}"
 
 
-__all__ = ["VERIFY_TARGETS_KIND", "VERIFY_TARGETS_SCHEMA_VERSION", "compare_target", "failure_line", "open_targets",
+__all__ = ["compare_target", "failure_line", "open_targets",
            "reference_tokenizer", "thresholds_for", "tokenizer_parity", "verify_targets", "verify_work"]  # fmt: skip

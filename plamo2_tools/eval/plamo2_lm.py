@@ -31,11 +31,12 @@ from lm_eval.models.utils import Collator, has_bos_prefix, maybe_truncate
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from tqdm import tqdm
 
-from .. import __version__, timeline
+from .. import timeline
 from ..dtypes import dtype_name
 from ..errors import UserError
 from ..kernels.devices import check_backend, check_device
 from ..runtime.serving.engine import Runtime, load_tokenizer
+from ..version import __version__
 from .stop_rules import (
     DEFAULT_MAX_GEN_TOKS,
     GenSettings,
@@ -98,7 +99,7 @@ class Plamo2LM(TemplateLM):
         pp: int | None = None,
         continuous_batching: bool | str = True,
         cuda_graph: bool | str = True,
-        window_convention: str | None = None,
+        **forward_options: Any,
     ) -> None:
         """`pretrained` is a shard directory (lm-eval names its output directory after it); pass a
         loaded `runtime` instead to share one between evaluations.  `tp` / `pp` are optional checks
@@ -109,7 +110,9 @@ class Plamo2LM(TemplateLM):
         next request; off: lm-eval's fixed batches of `batch_size`, each run to its longest answer.
         Results are the same either way.  `batch_size="auto"` (default): as many sequences as the
         device's memory holds (reported in the results' config as `auto_batch`).
-        `cuda_graph=false` keeps decode eager on CUDA."""
+        `cuda_graph=false` keeps decode eager on CUDA.  Any other argument is a choice of the model
+        family's forward (`--option` of the commands, e.g. PLaMo 3's ``window_convention=vllm``),
+        checked by the family when the shards load."""
         super().__init__()
         self.device_name = _usable_device(device)
         if runtime is None:
@@ -123,7 +126,7 @@ class Plamo2LM(TemplateLM):
                 backend=backend,
                 prefill_chunk=prefill_chunk,
                 cuda_graph=_flag(cuda_graph),
-                forward_options={} if window_convention is None else {"window_convention": window_convention},
+                forward_options=forward_options,
             )
         self.runtime = runtime
         self.path = Path(pretrained) if pretrained is not None else runtime.path

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..deploy.verify import VERIFY_TARGETS_KIND
+from ..kinds import VERIFY_TARGETS_KIND
 from . import deploy
 from .context import Context
 from .inputs import Doc

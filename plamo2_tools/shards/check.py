@@ -24,17 +24,13 @@ from pathlib import Path
 from typing import Any
 
 from ..dtypes import DType
+from ..kinds import CHECK_KIND, CHECK_SCHEMA_VERSION  # what `check --json` is (CheckReport.to_dict)
 from ..model import family_of
 from ..model.layout import CONSTANT, OutputTensor, rank_tensors
 from ..numerics import nonzero_count
 from ..safetensors_io import read_array, read_header
 from .integrity import all_digests, config_problem, digest_mismatch, presence_problem, side_file_problems
 from .manifest import Manifest, file_metadata, load_manifest
-
-# `check --json` (CheckReport.to_dict): `plamo2-tools report` recognises it by this kind and
-# version.  Bump the version when a field changes meaning or goes away (adding one is compatible).
-CHECK_KIND = "plamo2-check"
-CHECK_SCHEMA_VERSION = 1
 
 
 @dataclass

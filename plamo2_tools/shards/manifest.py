@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import __version__
 from ..dtypes import DType, dtype_name, parse_dtype
 from ..errors import CheckpointError
 from ..jsonio import CONFIG_BYTES, MANIFEST_BYTES, read_object
@@ -27,6 +26,7 @@ from ..model.layout import OutputTensor, Piece, parse_transform
 from ..parallel import Mapping
 from ..safe_files import plain_name, read_regular
 from ..safetensors_io import atomic_write_text
+from ..version import __version__
 from .formats import FORMAT, HASH, WRITTEN, ShardFormat, format_of
 from .journal import JOURNAL_NAME
 from .lock import ensure_not_being_written

@@ -28,12 +28,11 @@ import torch
 
 from ..dtypes import BFLOAT16, FLOAT16, FLOAT32, FLOAT64, DType, as_dtype
 from ..errors import CheckpointError, UserError
+from ..kinds import SOURCE_CHECK_KIND, SOURCE_CHECK_SCHEMA_VERSION
 from ..model import family_of
 from ..model.layout import CONSTANT, OutputTensor, Piece, apply_transforms, rank_tensors
 from .manifest import Manifest, config_sha256, load_manifest
 
-SOURCE_CHECK_KIND = "plamo2-check-source"
-SOURCE_CHECK_SCHEMA_VERSION = 1
 # The float dtypes a PLaMo checkpoint's tensors may have, by safetensors header code.
 _SOURCE_DTYPES = {d.code: d for d in (FLOAT64, FLOAT32, FLOAT16, BFLOAT16)}
 

@@ -21,6 +21,9 @@ from ..jsonio import MiB, parse_json
 from ..safe_files import read_regular
 
 VOCAB_BYTES = 256 * MiB  # PLaMo's 100k-row tokenizer.jsonl is about 10 MB
+# The flavours of PLaMo's tokenizer (the same file, read by two classes: docs/tokenizer.md §9), and
+# the class of each; a model family declares the one its checkpoints carry (Family.tokenizer_flavour).
+FLAVOURS = {"plamo2": "Plamo2Tokenizer", "plamo3": "Plamo3Tokenizer"}
 
 # PLaMo's integer sentinels: rows scoring at or below INVALID_SCORE are never chosen, and a character
 # no piece covers costs -UNKNOWN_SCORE and becomes its UTF-8 byte tokens.

@@ -47,7 +47,10 @@ def test_byte_moving_commands_never_import_torch(preset: str, checkpoint, tmp_pa
     for command in ("convert", "merge", "check", "inspect", "tokenize", "synth"):
         torch_free(command, "--help")
     torch_free("inspect", src)
-    torch_free("convert", src, tmp_path / "s", "--tp", 2, "--dtype", "bfloat16", "--json")
+    converted = torch_free("convert", src, tmp_path / "s", "--tp", 2, "--dtype", "bfloat16", "--json")
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "convert.json").write_text(converted.stdout)
+    torch_free("report", tmp_path / "runs", "--out", tmp_path / "report.md")  # reads kinds.py, not the writers
     torch_free("check", tmp_path / "s", "--json")
     torch_free("inspect", tmp_path / "s")
     torch_free("convert", tmp_path / "s", tmp_path / "s2", "--pp", 2, "--json")  # a reshard

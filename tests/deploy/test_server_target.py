@@ -44,7 +44,7 @@ def tiny(shards, checkpoint):
 def tiny3_vllm(shards, checkpoint):
     """PLaMo 3 tiny (window 5) served under vLLM's window convention (W keys, not W + 1)."""
     path = shards("tiny3", 1, 1, seed=SEED)
-    server = CliServer(path, "--window-convention", "vllm")
+    server = CliServer(path, "--option", "window_convention=vllm")
     yield server, path, checkpoint("tiny3", seed=SEED)
     server.stop()
 
@@ -112,8 +112,8 @@ def test_the_other_window_convention_is_followed_and_pinning_fails_past_the_wind
     hf = t["conventions"]["window_convention=hf"]
     assert not hf["passed"]
     assert (hf["first_divergence"]["prompt"], hf["first_divergence"]["position"]) == (0, window)
-    pinned = _verify(cli, server.url, ref, "--target-precision", "float32", "--window-convention", "hf", "--json",
-                     expect=1)  # fmt: skip
+    pinned = _verify(cli, server.url, ref, "--target-precision", "float32", "--option", "window_convention=hf",
+                     "--json", expect=1)  # fmt: skip
     line = one_line_error(pinned, 1)  # --json: no progress bar on stderr, the verdict's line alone
     assert f"at prompt 0, position {window} (teacher-forced)" in line and server.url in line
 

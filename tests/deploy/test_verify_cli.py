@@ -14,7 +14,7 @@ from pathlib import Path
 
 from report_helpers import assert_png, assert_tables_well_formed, image_links, table_rows
 
-from plamo2_tools.deploy.verify import VERIFY_TARGETS_KIND, VERIFY_TARGETS_SCHEMA_VERSION
+from plamo2_tools.kinds import VERIFY_TARGETS_KIND, VERIFY_TARGETS_SCHEMA_VERSION
 from plamo2_tools.report import build_report
 from plamo2_tools.safetensors_io import read_header
 

@@ -10,8 +10,9 @@ from typing import Any
 
 from ..family import Family, Variant
 from ..layout import kind_of, layer_of
+from ..plamo import FINAL_NORM_OFFSET, NORM_OFFSETS
 from . import tensors as table
-from .config import FINAL_NORM_OFFSET, NORM_OFFSETS, Plamo2Config
+from .config import Plamo2Config
 from .presets import PRESETS, TINY_PRESETS
 
 PLAMO2_1 = Variant(

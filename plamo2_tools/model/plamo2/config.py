@@ -10,7 +10,7 @@ from typing import Any
 
 from ...errors import CheckpointError, ConfigError
 from ...jsonio import CONFIG_BYTES, read_json
-from ..layout import padded_vocab
+from ..plamo import PlamoConfig, model_type_of
 
 REQUIRED_KEYS = (
     "hidden_size",
@@ -46,18 +46,9 @@ MODEL_TYPES = ("plamo2", "plamo")
 # HF's remote code forces at least this context (modeling_plamo.py).
 MIN_MAX_POSITIONS = 10 * 2**20
 
-# Norm offsets folded into the stored deltas (docs/model.md §3.1).
-NORM_OFFSETS = {
-    "pre_mixer_norm": 1.0,
-    "post_mixer_norm": 1.0 / 5,
-    "pre_mlp_norm": 1.0,
-    "post_mlp_norm": 1.0 / 5**1.5,
-}
-FINAL_NORM_OFFSET = 1.0
-
 
 @dataclass(frozen=True)
-class Plamo2Config:
+class Plamo2Config(PlamoConfig):
     hidden_size: int
     num_hidden_layers: int
     num_attention_heads: int
@@ -98,11 +89,6 @@ class Plamo2Config:
         return max(64, self.hidden_size // 16)
 
     @property
-    def padded_vocab(self) -> int:
-        """Vp = ceil(V / 64) * 64, vLLM's VocabParallelEmbedding padding."""
-        return padded_vocab(self.vocab_size)
-
-    @property
     def lm_head_rows(self) -> int:
         """HF rounds an untied lm_head up to a multiple of 16 rows; logits are cut to V."""
         return math.ceil(self.vocab_size / 16) * 16
@@ -133,23 +119,10 @@ class Plamo2Config:
             return self.rope_theta
         return self.rope_local_theta
 
-    @property
-    def eos_token_ids(self) -> tuple[int, ...]:
-        if self.eos_token_id is None:
-            return ()
-        if isinstance(self.eos_token_id, int):
-            return (self.eos_token_id,)
-        return tuple(self.eos_token_id)
-
     # ---- I/O ---------------------------------------------------------------------------------
     @classmethod
     def from_dict(cls, raw: dict[str, Any], source: str = "config.json") -> Plamo2Config:
-        # model_type first: another model's config would otherwise be reported as missing keys.
-        model_type = raw.get("model_type", DEFAULTS["model_type"])
-        if model_type not in MODEL_TYPES:
-            raise ConfigError(
-                f"{source}: model_type is {model_type!r}, expected 'plamo2' (is this a PLaMo 2 checkpoint?)"
-            )
+        model_type = model_type_of(raw, MODEL_TYPES, source, "PLaMo 2")
         missing = [k for k in REQUIRED_KEYS if k not in raw]
         if missing:
             raise ConfigError(f"{source}: missing required key(s): {', '.join(missing)}")

@@ -34,7 +34,8 @@ from ..layout import (
     vllm_scale_buffers,
     vocab_pieces,
 )
-from .config import FINAL_NORM_OFFSET, NORM_OFFSETS, Plamo2Config
+from ..plamo import FINAL_NORM_OFFSET, NORM_OFFSETS
+from .config import Plamo2Config
 
 MAMBA, ATTENTION = "mamba", "attention"  # the layer kinds (Plamo2Config.layer_kinds)
 

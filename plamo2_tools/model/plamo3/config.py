@@ -16,6 +16,7 @@ from typing import Any
 
 from ...errors import ConfigError
 from ..layout import padded_vocab
+from ..plamo import PlamoConfig, model_type_of
 
 MODEL_TYPES = ("plamo3",)
 FULL, SLIDING = "full_attention", "sliding_attention"  # the layer kinds (transformers v5's names)
@@ -52,15 +53,9 @@ LEGACY = {"rope_global_theta": "rope_theta", "rope_local_base_freq": "rope_local
 # YaRN's constants as PFN's config writes them (beta_fast 32, beta_slow 1, truncate false).
 YARN_BETA_FAST, YARN_BETA_SLOW = 32.0, 1.0
 
-# Norm offsets folded into the stored deltas (docs/plamo3.md, "Tensors").
-NORM_OFFSETS = {
-    "pre_mixer_norm": 1.0,
-    "post_mixer_norm": 1.0 / 5,
-    "pre_mlp_norm": 1.0,
-    "post_mlp_norm": 1.0 / 5**1.5,
-}
+# Norm offsets folded into the stored deltas (docs/plamo3.md, "Tensors"): PLaMo's four norms and
+# the final one as PLaMo 2 (model/plamo.py), and the q/k norms.
 QK_NORM_OFFSET = 1.0
-FINAL_NORM_OFFSET = 1.0
 
 
 @dataclass(frozen=True)
@@ -85,7 +80,7 @@ class Rope:
 
 
 @dataclass(frozen=True)
-class Plamo3Config:
+class Plamo3Config(PlamoConfig):
     hidden_size: int
     num_hidden_layers: int
     num_attention_heads: int
@@ -112,11 +107,6 @@ class Plamo3Config:
 
     # ---- derived values -------------------------------------------------------------------------
     @property
-    def padded_vocab(self) -> int:
-        """ceil(V / 64) * 64, vLLM's VocabParallelEmbedding padding."""
-        return padded_vocab(self.vocab_size)
-
-    @property
     def lm_head_rows(self) -> int:
         """vLLM's ParallelLMHead(round16(V), org_num_embeddings=V): its padded rows, over all ranks
         (the original rows padded to 64, plus the round-up-to-16 rows, padded to 64 again)."""
@@ -139,20 +129,10 @@ class Plamo3Config:
     def rope(self, layer: int) -> Rope:
         return self.rope_full if self.is_full(layer) else self.rope_sliding
 
-    @property
-    def eos_token_ids(self) -> tuple[int, ...]:
-        if self.eos_token_id is None:
-            return ()
-        if isinstance(self.eos_token_id, int):
-            return (self.eos_token_id,)
-        return tuple(self.eos_token_id)
-
     # ---- I/O ---------------------------------------------------------------------------------------
     @classmethod
     def from_dict(cls, raw: dict[str, Any], source: str = "config.json") -> Plamo3Config:
-        model_type = raw.get("model_type", "plamo3")
-        if model_type not in MODEL_TYPES:
-            raise ConfigError(f"{source}: model_type is {model_type!r}, expected 'plamo3'")
+        model_type = model_type_of(raw, MODEL_TYPES, source, "PLaMo 3")
         raw = dict(raw)
         for old, new in LEGACY.items():
             if old in raw and raw.get(new) is None:

@@ -37,7 +37,8 @@ from ..layout import (
     vllm_scale_buffers,
     vocab_pieces,
 )
-from .config import FINAL_NORM_OFFSET, NORM_OFFSETS, QK_NORM_OFFSET, Plamo3Config
+from ..plamo import FINAL_NORM_OFFSET, NORM_OFFSETS
+from .config import QK_NORM_OFFSET, Plamo3Config
 
 
 def _qkv(name: str, c: Plamo3Config, tp: int, r: int) -> tuple[Piece, ...]:

@@ -35,7 +35,7 @@ from typing import Any, Protocol
 
 import torch
 
-from ...model.forward import Batch, LayerState
+from ...model.forward import Batch, MixerState
 from ..rank.comm import DistComm
 from .core import RankCore
 from .sampling import MODES, select_rows
@@ -98,10 +98,11 @@ class CudaGraphs:
 WARMUP_RUNS = 2  # eager runs of the step before it is captured
 
 
-def recurrent_tensors(state: LayerState) -> list[Tensor]:
+def recurrent_tensors(state: MixerState) -> list[Tensor]:
     """The tensors of a layer state that a step rewrites in place whatever the position (a Mamba
-    layer's conv and SSM state); a KV cache is written only at each sequence's position."""
-    return [t for t in (state.conv, state.ssm) if t is not None]
+    layer's conv and SSM state: a fixed size per sequence); those in `per_token` (a KV cache) are
+    written only at each sequence's position."""
+    return [t for name, t in state.tensors().items() if name not in state.per_token]
 
 
 class DecodeRunner:
@@ -239,7 +240,7 @@ class DecodeRunner:
     def admit(
         self,
         slots: list[int],
-        states: dict[int, LayerState],
+        states: dict[int, MixerState],
         first: Tensor,
         lengths: list[int],
         keys: list[int],

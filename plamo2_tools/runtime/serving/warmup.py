@@ -140,8 +140,8 @@ def write_tuned_table(directory: Path, device: Any, command: str) -> Path:
     import torch
     import triton
 
-    from ... import __version__
     from ...kernels import tuned
+    from ...version import __version__
 
     card = tuned.current_card(device)
     made_with = {"plamo2_tools": __version__, "torch": torch.__version__, "triton": triton.__version__,
