@@ -28,12 +28,16 @@ from ..kinds import (
     BENCH_E2E_KIND,
     BENCH_FUZZ_KIND,
     BENCH_KERNELS_KIND,
+    BENCH_LM_EVAL_PARTS_KIND,
+    BENCH_LOAD_KIND,
     BENCH_RUNTIME_KIND,
     BENCH_SCHEMA_VERSION,
     BENCH_SERVE_KIND,
     BENCH_SERVING_KIND,
+    BENCH_STARTUP_KIND,
     BENCH_THROUGHPUT_KIND,
     BENCH_TOKENIZER_KIND,
+    BENCH_TUNE_KIND,
     CHECK_KIND,
     CONVERT_KIND,
     EVAL_KIND,
@@ -62,6 +66,7 @@ BENCH_THROUGHPUT = "bench-throughput"
 BENCH_SERVING = "bench-serving"
 BENCH_ACCURACY = "bench-accuracy"
 BENCH_E2E = "bench-e2e"
+BENCH_STARTUP = "bench-startup"  # start-up and one-time costs (issue 33): startup, load, lm-eval parts, tune
 CONVERT = "convert"
 CHECK = "check"
 INSPECT = "inspect"
@@ -80,6 +85,7 @@ KINDS = (
     BENCH_SERVING,
     BENCH_ACCURACY,
     BENCH_E2E,
+    BENCH_STARTUP,
     VLLM_COMPAT,
     VLLM_FORWARD,
     BENCH_TOKENIZER,
@@ -127,6 +133,10 @@ SCHEMAS: dict[str, Schema] = {
     KILL_RESUME_KIND: Schema(KILL_RESUME, (1,), {"trials": list, "all_identical": bool}),
     BENCH_FUZZ_KIND: Schema(BENCH_FUZZ, (1,), {"targets": dict, "inputs": int, "contract_broken": int}),
     MUTANTS_KIND: Schema(MUTANTS, (1,), {"mutants": list, "total": int, "caught": int}),
+    BENCH_STARTUP_KIND: Schema(BENCH_STARTUP, (1,), {"cases": list}),
+    BENCH_LOAD_KIND: Schema(BENCH_STARTUP, (1,), {"kinds": dict}),
+    BENCH_LM_EVAL_PARTS_KIND: Schema(BENCH_STARTUP, (1,), {"parts_seconds": dict}),
+    BENCH_TUNE_KIND: Schema(BENCH_STARTUP, (SUITE,), {"table": dict}),
 }
 # The suite's envelope (bench/common.py): what every benchmark file of version BENCH_SCHEMA_VERSION has.
 ENVELOPE_FIELDS: Mapping[str, type | tuple[type, ...]] = {
