@@ -166,6 +166,7 @@ def main() -> None:
     from lm_eval.tasks import TaskManager
 
     from plamo2_tools.eval.gsm8k_task import load_gsm8k_data
+    from plamo2_tools.model import family_of
     from plamo2_tools.model.synth import preset_config, write_tokenizer
 
     harness.LM_EVAL_WORKAROUNDS = tuple(
@@ -191,7 +192,7 @@ def main() -> None:
         (model_dir / "generation_config.json").write_text(
             json.dumps({"bos_token_id": cfg.bos_token_id, "eos_token_id": cfg.eos_token_id})
         )
-        write_tokenizer(model_dir, cfg.vocab_size, plamo3=cfg.to_dict().get("model_type") == "plamo3")
+        write_tokenizer(model_dir, cfg.vocab_size, flavour=family_of(cfg).tokenizer_flavour)
         runtime = StandInRuntime(model_dir, args.sync_every)
         lm = plamo2_lm.Plamo2LM(runtime=runtime, pretrained=str(model_dir), batch_size=1024,
                                 max_gen_toks=args.max_gen_toks)  # fmt: skip

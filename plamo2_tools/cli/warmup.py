@@ -26,6 +26,9 @@ def warmup(
     max_prompt_tokens: Annotated[
         int | None, typer.Option(help="Largest prefill forward to warm (default: the runtime's prefill budget).")
     ] = None,
+    max_seconds: Annotated[
+        float | None, typer.Option(help="Start no prefill bucket after this many seconds (the likeliest come first).")
+    ] = None,
     modes: Annotated[str, typer.Option(help="Sampling modes to warm, comma-separated: greedy, sample, top_p.")] = (
         "greedy"
     ),
@@ -66,7 +69,7 @@ def warmup(
         plan = plan_for(rt, batch, capacity, max_prompt_tokens, chosen)
         steps = len(plan.prefill) + _decode_steps(plan.slots)
         with step_progress("warmup", steps, enabled=not as_json) as progress:
-            result = warm(rt, plan, progress)
+            result = warm(rt, plan, progress, max_seconds)
         if tuned_out is not None:
             command = shlex.join(["plamo2-tools", *sys.argv[1:]])
             result.tuned_table = str(write_tuned_table(tuned_out, rt.engines[0].device, command))

@@ -488,7 +488,7 @@ AUTO_CHOICES: tuple[tuple[str, int], ...] = (
     ("parallel", 256),
 )
 _auto: dict[tuple, tuple[str, int]] = {}
-measured: dict[str, list[Any]] = {}  # cache key -> [variant, Q], timed in this process
+measured: dict[str, list[Any]] = {}  # cache key -> [variant, Q], measured on this machine (measured_choices)
 
 
 def _auto_key(x: torch.Tensor, B: torch.Tensor, z, init, cu: torch.Tensor) -> tuple:
@@ -545,7 +545,9 @@ def auto_choice(args: tuple) -> tuple[str, int]:
         return AUTO_CHOICES[0]
     cache, ckey = _tune_cache(x.device), key_of(key[:-1])  # the device is the cache's identity
     known = cache.get(ckey, _known_choice)  # measured on this machine, by this software
-    if known is None:  # else the card's shipped table, at the nearest token / sequence bucket
+    if known is not None:
+        measured[ckey] = list(known)  # this card's own measurement: a table made here may keep it
+    else:  # the card's shipped table, at the nearest token / sequence bucket
         table = tuned.table_for(tuned.current_card(x.device))
         shipped = table.entries("ssd_chunk_scan") if table is not None else {}
         known = tuned.nearest_choice(shipped, key[:-1], _known_choice)
@@ -572,7 +574,8 @@ def auto_choice(args: tuple) -> tuple[str, int]:
 
 
 def measured_choices() -> dict[str, list[Any]]:
-    """The picks this process timed itself (what `warmup --tuned-out` writes into a card's table)."""
+    """The picks measured on this machine, timed by this process or read back from its tuning
+    cache (what `warmup --tuned-out` writes into a card's table; never those taken from a table)."""
     return dict(measured)
 
 

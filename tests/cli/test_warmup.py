@@ -39,9 +39,17 @@ def test_warmup_runs_the_plan(cli, shards, monkeypatch: pytest.MonkeyPatch) -> N
     plan = [tuple(b) for b in result["plan"]["prefill"]]
     assert plan == warmup.prefill_buckets(64, 4) and result["plan"]["slots"] == 4
     prefill = [(n, tokens) for n, tokens, new in calls if new == 1]
-    assert prefill == [(s, (t // s) * s) for t, s in plan]  # one forward per bucket, of its size
+    assert prefill == [(s, (t // s) * s) for t, s in warmup.prefill_order(tuple(plan))]  # one forward per bucket
     assert sorted(n for n, _, new in calls if new == 3) == [1, 2, 4]  # decode at every batch bucket
-    assert set(result["seconds"]) == {"prefill", "decode"}
+    assert set(result["seconds"]) == {"prefill", "decode"} and result["left_out"] == []
+
+
+def test_the_likeliest_buckets_first_and_none_past_the_deadline(cli, shards) -> None:
+    plan = warmup.prefill_buckets(64, 4)
+    assert warmup.prefill_order(tuple(plan)) == [(16, 1), (32, 1), (64, 1), (64, 4), (64, 2), (32, 2)]
+    r = cli("warmup", shards("tiny", 1, 1, seed=11), "--max-batch", "4", "--capacity", "64",
+            "--max-prompt-tokens", "64", "--max-seconds", "0", "--json")  # fmt: skip
+    assert [tuple(b) for b in json.loads(r.stdout)["left_out"]] == warmup.prefill_order(tuple(plan))
 
 
 @pytest.mark.parametrize(

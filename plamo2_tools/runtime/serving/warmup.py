@@ -52,6 +52,7 @@ class WarmupResult:
     triton_kernels_after: int | None = None
     tune_cache: str | None = None
     tuned_table: str | None = None
+    left_out: list[list[int]] = field(default_factory=list)  # prefill buckets past max_seconds
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -80,19 +81,24 @@ def plan_for(rt: Runtime, max_batch: int | str, capacity: int, max_prompt_tokens
     return WarmupPlan(tuple(prefill_buckets(min(budget, slots * limit), slots)), slots, limit, tuple(modes))
 
 
-def warm(rt: Runtime, plan: WarmupPlan, progress: Callable[[int], None] | None = None) -> WarmupResult:
-    """Run the plan's shapes on `rt` (module doc); seconds per phase and what the caches hold."""
+def prefill_order(prefill: tuple[tuple[int, int], ...]) -> list[tuple[int, int]]:
+    """The order buckets are warmed in, likeliest first (a deadline cuts the tail): one sequence at
+    every length (a `generate`), then the rest from the largest forwards down (a GSM8K run fills
+    its pool with forwards of the whole prefill budget, refills with smaller ones)."""
+    single = [b for b in prefill if b[1] == 1]
+    return single + sorted((b for b in prefill if b[1] > 1), key=lambda b: (-b[0], -b[1]))
+
+
+def warm(rt: Runtime, plan: WarmupPlan, progress: Callable[[int], None] | None = None,
+         max_seconds: float | None = None) -> WarmupResult:  # fmt: skip
+    """Run the plan's shapes on `rt` (module doc): decode at every batch bucket, then the prefill
+    buckets in `prefill_order`, none started after `max_seconds`; seconds per phase, what was
+    left out, and what the caches hold."""
     cache = triton_cache_dir()
     result = WarmupResult(plan=asdict(plan), triton_cache=str(cache), triton_kernels_before=count_kernels(cache))
     vocab = int(rt.config.vocab_size)
     t0 = time.perf_counter()
-    for tokens, seqs in plan.prefill:  # one forward each: every prompt fits the prefill budget
-        length = max(1, tokens // seqs)
-        prompts = [[3 + (7 * i + j) % (vocab - 3) for j in range(length)] for i in range(seqs)]
-        rt.generate(prompts, 1, max_batch=seqs)
-        if progress:
-            progress(1)
-    t1 = time.perf_counter()
+    deadline = t0 + max_seconds if max_seconds is not None else float("inf")
     for n in reversed(buckets(plan.slots)):  # the pool first (it sizes it), then every smaller batch
         prompts = [[3 + (11 * i) % (vocab - 3), 5] for i in range(n)]
         for mode in plan.modes:  # the pool is kept (it fits every smaller batch): bucket n runs on it
@@ -100,8 +106,18 @@ def warm(rt: Runtime, plan: WarmupPlan, progress: Callable[[int], None] | None =
             rt.generate(prompts, 3, max_batch=n, temperature=temperature, top_p=top_p)
         if progress:
             progress(1)
+    t1 = time.perf_counter()
+    for tokens, seqs in prefill_order(plan.prefill):  # one forward each: every prompt fits the budget
+        if time.perf_counter() > deadline:
+            result.left_out.append([tokens, seqs])
+            continue
+        length = max(1, tokens // seqs)
+        prompts = [[3 + (7 * i + j) % (vocab - 3) for j in range(length)] for i in range(seqs)]
+        rt.generate(prompts, 1, max_batch=seqs)
+        if progress:
+            progress(1)
     t2 = time.perf_counter()
-    result.seconds = {"prefill": t1 - t0, "decode": t2 - t1}
+    result.seconds = {"decode": t1 - t0, "prefill": t2 - t1}
     result.triton_kernels_after = count_kernels(cache)
     from ...kernels.tune_cache import cache_dir
 
