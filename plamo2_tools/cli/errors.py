@@ -115,6 +115,7 @@ def handle_errors(fn: F) -> F:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         signal.signal(signal.SIGTERM, _raise_interrupt)
         timeline.mark("command")  # interpreter, imports and parsing done (issue 33: the split of a shell run)
+        timeline.record_at_exit(fn.__name__)
         try:
             return fn(*args, **kwargs)
         except Plamo2Error as e:
