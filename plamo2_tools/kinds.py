@@ -20,6 +20,8 @@ INSPECT_KIND, INSPECT_SCHEMA_VERSION = "plamo2-inspect", 1  # inspect --json: in
 VERIFY_KIND, VERIFY_SCHEMA_VERSION = "plamo2-verify", 1  # demo's per-layout verify: verify.py
 VERIFY_TARGETS_KIND, VERIFY_TARGETS_SCHEMA_VERSION = "plamo2-verify-targets", 1  # verify TARGET: deploy/verify.py
 EVAL_KIND, EVAL_SCHEMA_VERSION = "plamo2-eval", 1  # eval's results.json: eval/harness.py
+EXPORT_MLX_KIND, EXPORT_MLX_SCHEMA_VERSION = "plamo2-export-mlx", 1  # OUT/plamo2_export.json: export/mlx.py
+EXPORT_FP8_KIND, EXPORT_FP8_SCHEMA_VERSION = "plamo2-export", 1  # OUT/plamo2_export.json: export/fp8.py
 
 # ---- the benchmark suite (`python -m bench NAME`, docs/benchmarks.md) --------------------------------
 # Every benchmark writes one envelope (bench/common.py: benchmark, machine, commit, command,
@@ -53,3 +55,5 @@ MUTANTS_KIND, MUTANTS_SCHEMA_VERSION = "plamo2-mutants", 1  # bench/mutants.py
 BENCH_STARTUP_KIND, BENCH_STARTUP_SCHEMA_VERSION = "plamo2-bench-startup", 1  # bench/startup.py: --help, refusals
 BENCH_LOAD_KIND, BENCH_LOAD_SCHEMA_VERSION = "plamo2-bench-load", 1  # bench/load.py: weight loading
 BENCH_LM_EVAL_PARTS_KIND, BENCH_LM_EVAL_PARTS_SCHEMA_VERSION = "plamo2-bench-lm-eval-parts", 1  # lm_eval_parts.py
+BENCH_EXPORT_MLX_KIND, BENCH_EXPORT_MLX_SCHEMA_VERSION = "plamo2-bench-export-mlx", 1  # bench/export_mlx.py
+BENCH_EXPORT_FP8_KIND, BENCH_EXPORT_FP8_SCHEMA_VERSION = "plamo2-bench-export", 1  # bench/export_fp8.py

@@ -33,6 +33,8 @@ FOUNDATION = {
     "token_ids",
     "generation_request",
     "version",
+    "output_lock",
+    "file_output",
     "__init__",
 }
 # PLaMo's tokenizer format is a leaf (it imports only errors); synth writes one for every checkpoint.
@@ -164,6 +166,14 @@ def test_the_package_never_imports_the_benchmarks() -> None:
     assert not users, users
 
 
+def test_export_stands_on_what_convert_reads() -> None:
+    """export/ (issue 31) writes other runtimes' formats from the sources convert reads (convert/sources.py), so it
+    is a command library like convert: the model, the shard format, convert, deploy (to verify what it wrote) and
+    the foundation below it."""
+    allowed = FOUNDATION | LEAVES | {"model", "shards", "convert", "deploy"}
+    assert GRAPH.get("export", set()) <= allowed, GRAPH["export"] - allowed
+
+
 def test_nothing_imports_the_cli() -> None:
     users = {m for m, deps in FILES.items() if any(_unit(d) == "cli" for d in deps) and _unit(m) != "cli"}
     assert not users, users
@@ -208,6 +218,17 @@ def test_the_public_face_stands_above_everything() -> None:
     assert not users, users
     for name, home in plamo2_tools._HOMES.items():
         assert f"plamo2_tools{home}" in MODULES, (name, home)
+
+
+def test_the_exports_are_a_consumer_like_convert() -> None:
+    """export/ (the formats other runtimes load) is imported by the commands alone; it reads what
+    convert reads (convert/sources.py) and verifies through deploy/'s targets and the reference, never
+    through our runtime, the server or eval."""
+    users = {
+        m for m, deps in FILES.items() if any(_unit(d) == "export" for d in deps) and _unit(m) not in ("export", "cli")
+    }
+    assert not users, users
+    assert not GRAPH["export"] & {"runtime", "serve", "eval", "verify"}, GRAPH["export"]
 
 
 def test_no_cycles_between_packages() -> None:

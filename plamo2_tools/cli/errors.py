@@ -36,17 +36,25 @@ F = TypeVar("F", bound=Callable[..., Any])
 INTERRUPTED = {
     "convert": "{out} keeps the finished shard files and has no manifest yet; run the same convert again to resume",
     "merge": "{out} is incomplete (no config.json yet); run the same merge again to redo it",
+    "fp8": "{out} is incomplete (no config.json yet); run the same export fp8 again to redo it",
     "synth": "{out} is incomplete; run the same synth again to redo it",
     "demo": "{out} may hold unfinished layouts; run demo again to redo them",
     "report": "the report may be incomplete; run report again",
     "lm_eval_passthrough": "lm-eval's outputs may be incomplete",
     "generate": "{out} holds the results finished so far; run the same command again to resume",
+    "mlx": "{out} is incomplete (no config.json); run the same export again to redo it",
 }
+
+
+def one_line(message: str) -> str:
+    """A message as one line: the line breaks a library put in its own text (transformers' and
+    remote code's errors span several lines) become ` | `, so a refusal is always one line."""
+    return " | ".join(part.strip() for part in message.strip().splitlines() if part.strip())
 
 
 def error_line(message: str, label: str = "error") -> None:
     """One line on stderr, never wrapped, never read as Rich markup (messages hold [brackets])."""
-    err.print(f"[bold red]{label}:[/] {escape(message)}", highlight=False, soft_wrap=True)
+    err.print(f"[bold red]{label}:[/] {escape(one_line(message))}", highlight=False, soft_wrap=True)
 
 
 class OneLineErrors(TyperGroup):

@@ -311,6 +311,10 @@ def generate(
     max_new_tokens: Annotated[
         int, typer.Option(help="Stop after this many new tokens (--input: lines' default).")
     ] = 64,
+    max_context: Annotated[
+        int | None,
+        typer.Option(help="With --input: tokens per line, prompt + completion (default 4096, at most the model's)."),
+    ] = None,
     temperature: Annotated[float, typer.Option(help="0 = greedy (--input: lines' default).")] = 0.0,
     top_p: Annotated[float, typer.Option(help="Nucleus sampling mass (with temperature > 0).")] = 1.0,
     seed: Annotated[int, typer.Option(help="Sampling seed (the same on every rank; --input: lines' base seed).")] = 0,
@@ -334,11 +338,11 @@ def generate(
     sampling = {"max_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p, "seed": seed}
     run = runtime_args(shards, device, backend, option, no_verify, trust_remote_code, cuda_graph)
     if input_file is not None:
-        generate_file(input_file, output, strict, max_batch, sampling, run, as_json)
-    elif output is not None or strict:
-        raise UserError("--output and --strict go with --input")
-    else:
-        generate_prompt(prompt, sampling, run, as_json)
+        generate_file(input_file, output, strict, max_batch, max_context, sampling, run, as_json)
+        return
+    if output is not None or strict or max_context is not None:
+        raise UserError("--output, --strict and --max-context go with --input")
+    generate_prompt(prompt, sampling, run, as_json)
 
 
 def generate_prompt(prompt: str, sampling: dict[str, Any], run: dict[str, Any], as_json: bool) -> None:
@@ -390,9 +394,10 @@ def generate_prompt(prompt: str, sampling: dict[str, Any], run: dict[str, Any], 
             err.print(f"{len(tokens)} tokens in {seconds:.2f} s ({len(tokens) / max(seconds, 1e-9):.1f} tokens/s)")
 
 
-def generate_file(input_file: Path, output: Path | None, strict: bool, max_batch: str, sampling: dict[str, Any],
-                  run: dict[str, Any], as_json: bool) -> None:  # fmt: skip
-    """`generate --input`: the batch file through the online loop (serve/batch.py)."""
+def generate_file(input_file: Path, output: Path | None, strict: bool, max_batch: str, max_context: int | None,
+                  sampling: dict[str, Any], run: dict[str, Any], as_json: bool) -> None:  # fmt: skip
+    """`generate --input`: the batch file through the online loop (serve/batch.py).  Rank 0 takes
+    the output (ours or refused, locked) before the model loads: a refusal comes at once."""
     from ..shards.manifest import load_manifest
 
     if output is None:
@@ -403,14 +408,23 @@ def generate_file(input_file: Path, output: Path | None, strict: bool, max_batch
         raise UserError("--output must not be the --input file")
     check_output_file(output, "--output")
     batch = parse_max_batch(max_batch)
-    load_manifest(run["shards"])
+    if max_context is not None and max_context < 2:
+        raise UserError(f"--max-context {max_context}: must be >= 2")
+    manifest = load_manifest(run["shards"])
+    from contextlib import nullcontext
+
     from ..runtime.serving.engine import Runtime
-    from ..serve.batch import run_batch
+    from ..serve.batch import ResultsFile, run_batch, run_header
 
     main = os.environ.get("RANK", "0") == "0"
     bar = RequestProgress(enabled=main and not as_json)
-    with Runtime(**run) as rt, bar:
-        summary = run_batch(rt, str(input_file), str(output), sampling, strict, batch,
+    header = run_header(manifest, sampling, run["forward_options"])
+    with (
+        ResultsFile(output, header) if main else nullcontext() as results,
+        Runtime(**run) as rt,
+        bar,
+    ):  # fmt: skip
+        summary = run_batch(rt, str(input_file), results, sampling, strict, batch, max_context=max_context,
                             on_start=bar.start, on_result=bar.result,
                             on_refused=lambda n, why: bar.warn(f"--input line {n}: {why}"))  # fmt: skip
     if summary is None:  # a torchrun rank other than 0

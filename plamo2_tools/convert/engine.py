@@ -27,7 +27,7 @@ from ..dtypes import dtype_name
 from ..errors import CheckpointError, OutputExistsError, Plamo2Error, UserError
 from ..jsonio import MANIFEST_BYTES, read_json
 from ..kinds import CONVERT_KIND, CONVERT_SCHEMA_VERSION  # what `convert --json` is (ConvertResult.summary)
-from ..outputs import check_free_space, make_output_dir, refuse_foreign, remove_outputs
+from ..outputs import check_free_space, make_output_dir, refuse_foreign, remove_outputs, untrusted_record
 from ..safe_files import copy_file
 from ..safetensors_io import PartialFile, fsync_dir, fsync_path, read_header
 from ..shards.formats import HASH, WRITTEN, combine_file_digest, header_bytes
@@ -87,7 +87,11 @@ class ConvertResult:
 def _clear_outputs(out: Path) -> None:
     """Remove what earlier conversions of ours wrote, as their manifest and journal list it, and
     nothing else (manifest first: never look complete; journal last: it is the record)."""
-    remove_outputs(out, convert_outputs(out) | {MANIFEST_NAME}, first=MANIFEST_NAME)
+    try:
+        ours = convert_outputs(out)
+    except Plamo2Error as e:  # a manifest or journal naming `../x`: not a record to delete by
+        raise untrusted_record(e, out) from None
+    remove_outputs(out, ours | {MANIFEST_NAME}, first=MANIFEST_NAME)
     Journal(out).remove()
 
 

@@ -16,6 +16,7 @@ lm-eval's CLI as ``--model plamo2 --model_args pretrained=<shard dir>`` (see `lm
 
 from __future__ import annotations
 
+import inspect
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -67,13 +68,25 @@ class Plamo2LM(TemplateLM):
 
     @classmethod
     def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None) -> Plamo2LM:
+        """lm-eval's `--model_args` as a string (the Python API's form): the rule of `create_from_arg_obj`."""
+        from lm_eval.utils import simple_parse_args_string
+
+        return cls.create_from_arg_obj(simple_parse_args_string(arg_string), additional_config)
+
+    @classmethod
+    def create_from_arg_obj(cls, arg_dict: dict[str, Any], additional_config: dict | None = None) -> Plamo2LM:
         """lm-eval's `--model_args` plus the settings its CLI adds (`device`, `batch_size`,
         `max_batch_size`).  lm-eval passes both as keywords, so a key in both (`device=cpu` in
         --model_args) was a TypeError.  The rule: what --model_args says wins; a different value
-        from lm-eval's own option is named in a warning."""
-        from lm_eval.utils import simple_parse_args_string
-
-        args = simple_parse_args_string(arg_string)
+        from lm-eval's own option is named in a warning.  lm-eval 0.4.13's CLI parses --model_args
+        itself and calls this one, not `create_from_arg_string` (issue 28: still exit 70 there).
+        A key the model does not take is one line, not a TypeError."""
+        args = dict(arg_dict)
+        known = set(inspect.signature(cls.__init__).parameters) - {"self", "runtime"}
+        unknown = sorted(set(args) - known)
+        if unknown:
+            raise UserError(f"--model_args: the plamo2 model takes no {', '.join(unknown)} "
+                            f"(it takes {', '.join(sorted(known))})")  # fmt: skip
         added = {k: v for k, v in (additional_config or {}).items() if v is not None}
         for key in sorted(set(args) & set(added)):
             if str(args[key]) != str(added[key]):

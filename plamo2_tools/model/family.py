@@ -88,6 +88,10 @@ class Family:
     config_class: ClassVar[type]  # from_dict(raw, source) -> config, to_dict()
     tensors: ClassVar[tuple[TensorKind, ...]]  # THE table (model/<family>/tensors.py)
     extras: ClassVar[tuple[TensorKind, ...]] = ()  # constants vLLM's state holds beyond the weights
+    # FP8 exports (export/fp8.py): the layer linears (table `hf` names) quantized, and those a consumer builds
+    # quantizable that stay in the source dtype (named in the checkpoint's `ignore` list).
+    fp8_quantized: ClassVar[tuple[str, ...]] = ()
+    fp8_kept: ClassVar[tuple[str, ...]] = ()
     presets: ClassVar[dict[str, dict[str, Any]]] = {}  # synth presets: raw config.json values
     tiny_presets: ClassVar[tuple[str, ...]] = ()  # the presets tests run every layout of
     layer_prefix: ClassVar[str] = "model.layers.layers.{}."
@@ -186,6 +190,11 @@ class Family:
                    **options: Any) -> RankModel:  # fmt: skip
         """One rank's forward over its stage's layers with its TP-sharded weights (the runtime's)."""
         raise NotImplementedError
+
+    def mlx_layout(self) -> Any:
+        """How mlx-lm holds this family (a `model.mlx.MLXLayout`, from `model/<family>/mlx.py`), or
+        None when mlx-lm has no model for it (`export mlx` refuses then)."""
+        return None
 
     def check_runtime_options(self, options: dict[str, Any]) -> dict[str, str]:
         """Every declared option with its value (the given one, else its default); an unknown

@@ -30,6 +30,7 @@ from . import (
     bench_startup,
     bench_throughput,
     checks,
+    exports,
     lmeval,
     tools,
     verify,
@@ -39,6 +40,8 @@ from .inputs import (
     BENCH_ACCURACY,
     BENCH_CONVERT,
     BENCH_E2E,
+    BENCH_EXPORT_FP8,
+    BENCH_EXPORT_MLX,
     BENCH_FUZZ,
     BENCH_KERNELS,
     BENCH_SERVING,
@@ -47,6 +50,8 @@ from .inputs import (
     BENCH_TOKENIZER,
     CHECK,
     CONVERT,
+    EXPORT_FP8,
+    EXPORT_MLX,
     INSPECT,
     KILL_RESUME,
     KINDS,
@@ -80,6 +85,7 @@ SECTIONS: list[tuple[tuple[str, ...], str, Renderer]] = [
         "Compatibility and robustness",
         checks.render,
     ),
+    ((EXPORT_MLX, EXPORT_FP8, BENCH_EXPORT_MLX, BENCH_EXPORT_FP8), "Exports", exports.render),
     ((CONVERT, CHECK, INSPECT), "Tool output", tools.render),
 ]
 

@@ -26,6 +26,8 @@ from ..kinds import (
     BENCH_ACCURACY_KIND,
     BENCH_CONVERT_KIND,
     BENCH_E2E_KIND,
+    BENCH_EXPORT_FP8_KIND,
+    BENCH_EXPORT_MLX_KIND,
     BENCH_FUZZ_KIND,
     BENCH_KERNELS_KIND,
     BENCH_LM_EVAL_PARTS_KIND,
@@ -41,6 +43,8 @@ from ..kinds import (
     CHECK_KIND,
     CONVERT_KIND,
     EVAL_KIND,
+    EXPORT_FP8_KIND,
+    EXPORT_MLX_KIND,
     INSPECT_KIND,
     KILL_RESUME_KIND,
     MUTANTS_KIND,
@@ -76,6 +80,10 @@ BENCH_TOKENIZER = "bench-tokenizer"
 KILL_RESUME = "kill-resume"
 BENCH_FUZZ = "bench-fuzz"
 MUTANTS = "mutants"
+EXPORT_MLX = "export-mlx"
+EXPORT_FP8 = "export-fp8"
+BENCH_EXPORT_MLX = "bench-export-mlx"
+BENCH_EXPORT_FP8 = "bench-export-fp8"
 KINDS = (
     LMEVAL,
     VERIFY,
@@ -92,6 +100,10 @@ KINDS = (
     KILL_RESUME,
     BENCH_FUZZ,
     MUTANTS,
+    EXPORT_MLX,
+    EXPORT_FP8,
+    BENCH_EXPORT_MLX,
+    BENCH_EXPORT_FP8,
     CONVERT,
     CHECK,
     INSPECT,
@@ -137,6 +149,10 @@ SCHEMAS: dict[str, Schema] = {
     BENCH_LOAD_KIND: Schema(BENCH_STARTUP, (1,), {"kinds": dict}),
     BENCH_LM_EVAL_PARTS_KIND: Schema(BENCH_STARTUP, (1,), {"parts_seconds": dict}),
     BENCH_TUNE_KIND: Schema(BENCH_STARTUP, (SUITE,), {"table": dict}),
+    EXPORT_MLX_KIND: Schema(EXPORT_MLX, (1,), {"model_type": str, "known_differences": list}),
+    EXPORT_FP8_KIND: Schema(EXPORT_FP8, (1,), {"format": str, "quantized": list}),
+    BENCH_EXPORT_MLX_KIND: Schema(BENCH_EXPORT_MLX, (1,), {"presets": dict}),
+    BENCH_EXPORT_FP8_KIND: Schema(BENCH_EXPORT_FP8, (1,), {"baseline": dict, "results": list}),
 }
 # The suite's envelope (bench/common.py): what every benchmark file of version BENCH_SCHEMA_VERSION has.
 ENVELOPE_FIELDS: Mapping[str, type | tuple[type, ...]] = {

@@ -103,8 +103,9 @@ class RuntimeEngine:
     """`engine_api.Engine` over a loaded `Runtime` (rank 0's side under torchrun)."""
 
     def __init__(self, runtime: Runtime, model_id: str, options: LoopOptions | None = None,
-                 max_logprobs: int = 20) -> None:  # fmt: skip
+                 max_logprobs: int = 20, log_failures: bool = True) -> None:  # fmt: skip
         self.runtime = runtime
+        self.log_failures = log_failures  # False: the caller raises the loop's failure itself (batch files)
         self.options = options or LoopOptions()
         self.loop = self.options.build(runtime)
         tok = runtime.tokenizer
@@ -155,7 +156,8 @@ class RuntimeEngine:
         try:
             await self.aio.run_in_executor(None, lambda: self.loop.close(cancel=True))
         except BaseException as e:  # noqa: BLE001 - the failure was reported already (failed, 500s)
-            log.error("the generation loop ended with %r", e)
+            if self.log_failures:
+                log.error("the generation loop ended with %r", e)
         self.scorer.shutdown(wait=False, cancel_futures=True)
 
     def _watch(self) -> None:
@@ -165,7 +167,8 @@ class RuntimeEngine:
         thread.join()
         if not self.stopping:
             why = f"the generation loop died: {self.loop.error!r}" if self.loop.error else "the generation loop stopped"
-            log.error("%s", why)
+            if self.log_failures:
+                log.error("%s", why)
             self.failed = why
 
     async def health(self) -> Health:

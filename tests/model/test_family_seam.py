@@ -395,7 +395,7 @@ def test_the_family_option_reaches_the_reference_and_the_runtime_through_the_cli
     # verify: chunked prefill (prompts of different lengths: the subset path) and greedy decode
     result = json.loads(cli("verify", shards, "--reference", src, "--random", 3, "--max-new-tokens", 5,
                             "--prefill-chunk", 3, "--option", "decay=0.25", "--json").stdout)  # fmt: skip
-    assert result["passed"] and result["forward_options"] == {"decay": "0.25"}
+    assert result["passed"] and result["pinned"] == {"decay": "0.25"} and result["conventions"] == ["decay=0.25"]
 
     made = json.loads(cli("generate", shards, "--prompt", "hello world", "--max-new-tokens", 4, "--option",
                           "decay=0.25", "--json").stdout)  # fmt: skip

@@ -37,6 +37,9 @@ WRITERS = {  # kind -> the version its writer writes today
     INSPECT_KIND: INSPECT_SCHEMA_VERSION,
     VERIFY_KIND: VERIFY_SCHEMA_VERSION,
     EVAL_KIND: EVAL_SCHEMA_VERSION,
+    kinds.EXPORT_FP8_KIND: kinds.EXPORT_FP8_SCHEMA_VERSION,
+    kinds.EXPORT_MLX_KIND: kinds.EXPORT_MLX_SCHEMA_VERSION,
+    kinds.VERIFY_TARGETS_KIND: kinds.VERIFY_TARGETS_SCHEMA_VERSION,
 }
 
 
@@ -74,6 +77,8 @@ SCRIPTS = {  # script -> (kind constant, version constant) as it names them
     "startup.py": ("KIND", "SCHEMA_VERSION"),
     "load.py": ("KIND", "SCHEMA_VERSION"),
     "lm_eval_parts.py": ("KIND", "SCHEMA_VERSION"),
+    "export_fp8.py": ("KIND", "SCHEMA_VERSION"),
+    "export_mlx.py": ("KIND", "SCHEMA_VERSION"),
 }
 SCRIPT_KINDS = {  # what kinds.py says they write
     "vllm_compat.py": (kinds.VLLM_COMPAT_KIND, kinds.VLLM_COMPAT_SCHEMA_VERSION),
@@ -84,6 +89,8 @@ SCRIPT_KINDS = {  # what kinds.py says they write
     "startup.py": (kinds.BENCH_STARTUP_KIND, kinds.BENCH_STARTUP_SCHEMA_VERSION),
     "load.py": (kinds.BENCH_LOAD_KIND, kinds.BENCH_LOAD_SCHEMA_VERSION),
     "lm_eval_parts.py": (kinds.BENCH_LM_EVAL_PARTS_KIND, kinds.BENCH_LM_EVAL_PARTS_SCHEMA_VERSION),
+    "export_fp8.py": (kinds.BENCH_EXPORT_FP8_KIND, kinds.BENCH_EXPORT_FP8_SCHEMA_VERSION),
+    "export_mlx.py": (kinds.BENCH_EXPORT_MLX_KIND, kinds.BENCH_EXPORT_MLX_SCHEMA_VERSION),
 }
 
 

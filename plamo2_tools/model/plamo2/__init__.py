@@ -30,6 +30,8 @@ class Plamo2Family(Family):
     config_class = Plamo2Config
     tensors = table.TENSORS
     extras = table.VLLM_EXTRAS
+    fp8_quantized = table.FP8_QUANTIZED
+    fp8_kept = table.FP8_KEPT
     presets = PRESETS
     tiny_presets = TINY_PRESETS
     kind_names = {"mamba": "Mamba", "attention": "attention"}
@@ -109,6 +111,11 @@ class Plamo2Family(Family):
     def norm_offset(self, cfg: Plamo2Config, name: str) -> float:
         norm = layer_of(name, self.layer_prefix)[1].removesuffix(".weight")
         return NORM_OFFSETS.get(norm, FINAL_NORM_OFFSET)
+
+    def mlx_layout(self) -> Any:
+        from .mlx import LAYOUT
+
+        return LAYOUT
 
     def reference_logits(self, ckpt: Any, sequences: Sequence[Sequence[int]], dtype: Any, device: Any = "cpu",
                          **options: Any) -> Any:  # fmt: skip

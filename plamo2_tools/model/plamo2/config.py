@@ -10,6 +10,7 @@ from typing import Any
 
 from ...errors import CheckpointError, ConfigError
 from ...jsonio import CONFIG_BYTES, read_json
+from ..limits import int_problem, shown_int, token_ids
 from ..plamo import PlamoConfig, model_type_of
 
 REQUIRED_KEYS = (
@@ -153,6 +154,8 @@ class Plamo2Config(PlamoConfig):
             MIN_MAX_POSITIONS,
             _int({"k": values["max_position_embeddings"]}, "k", source, "max_position_embeddings"),
         )
+        for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
+            values[key] = token_ids(values[key], source, key, many=key == "eos_token_id")
         values["mamba_enabled"] = _bool(values["mamba_enabled"], source, "mamba_enabled")
         values["tie_word_embeddings"] = _bool(values["tie_word_embeddings"], source, "tie_word_embeddings")
         known = set(REQUIRED_KEYS) | set(DEFAULTS) | {"rope_local_theta"}
@@ -189,11 +192,12 @@ class Plamo2Config(PlamoConfig):
 
     def _validate(self, source: str) -> None:
         def fail(key: str, why: str) -> None:
-            raise ConfigError(f"{source}: {key} = {getattr(self, key)!r}: {why}")
+            raise ConfigError(f"{source}: {key} = {shown_int(getattr(self, key))!r:.60}: {why}")
 
-        for key in REQUIRED_KEYS:
-            if getattr(self, key) <= 0:
-                fail(key, "must be a positive integer")
+        for key in (*REQUIRED_KEYS, "mamba_chunk_size", "attention_window_size", "max_position_embeddings"):
+            problem = int_problem(key, getattr(self, key))
+            if problem:
+                fail(key, problem)
         if self.mamba_enabled and self.mamba_step <= 1:
             fail("mamba_step", "must be > 1 (the Mamba/attention layer pattern needs it)")
         if self.num_attention_heads % self.num_key_value_heads:
@@ -204,14 +208,10 @@ class Plamo2Config(PlamoConfig):
             fail("mamba_d_conv", "must be >= 2")
         if self.rms_norm_eps <= 0:
             fail("rms_norm_eps", "must be > 0")
-        if self.attention_window_size <= 0:
-            fail("attention_window_size", "must be > 0")
         if self.rope_theta <= 0:
             fail("rope_theta", "must be > 0")
         if self.rope_local_theta is not None and self.rope_local_theta <= 0:
             fail("rope_local_theta", "must be > 0")
-        if self.mamba_chunk_size <= 0:
-            fail("mamba_chunk_size", "must be > 0")
         bad = [i for i in self.full_attention_idx if not 0 <= i < self.num_hidden_layers]
         if bad:
             fail("full_attention_idx", f"layer(s) {bad} out of range 0..{self.num_hidden_layers - 1}")
@@ -222,18 +222,18 @@ def _int(raw: dict[str, Any], key: str, source: str, name: str | None = None) ->
     if isinstance(value, bool) or not isinstance(value, int):
         if isinstance(value, float) and value.is_integer():
             return int(value)
-        raise ConfigError(f"{source}: {name or key} = {value!r}: must be an integer")
+        raise ConfigError(f"{source}: {name or key} = {value!r:.40}: must be an integer")
     return value
 
 
 def _float(value: Any, source: str, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ConfigError(f"{source}: {name} = {value!r}: must be a number")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ConfigError(f"{source}: {name} = {value!r:.40}: must be a finite number")
     return float(value)
 
 
 def _bool(value: Any, source: str, name: str) -> bool:
     # bool("false") is True: a string here would silently flip the meaning, so refuse it.
     if not isinstance(value, bool):
-        raise ConfigError(f"{source}: {name} = {value!r}: must be true or false")
+        raise ConfigError(f"{source}: {name} = {value!r:.40}: must be true or false")
     return value

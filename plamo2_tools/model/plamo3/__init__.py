@@ -39,6 +39,7 @@ class Plamo3Family(Family):
     config_class = Plamo3Config
     tensors = table.TENSORS
     extras = table.VLLM_EXTRAS
+    fp8_quantized = table.FP8_QUANTIZED
     presets = PRESETS
     tiny_presets = TINY_PRESETS
     kind_names = {FULL: "full attention", "sliding_attention": "sliding-window attention"}
@@ -120,6 +121,11 @@ class Plamo3Family(Family):
         if rest in ("mixer.q_norm", "mixer.k_norm"):
             return QK_NORM_OFFSET
         return NORM_OFFSETS.get(rest, FINAL_NORM_OFFSET)
+
+    def mlx_layout(self) -> Any:
+        from .mlx import LAYOUT
+
+        return LAYOUT
 
     def reference_logits(self, ckpt: Any, sequences: Sequence[Sequence[int]], dtype: Any, device: Any = "cpu",
                          window_convention: str = "hf", **options: Any) -> Any:  # fmt: skip
