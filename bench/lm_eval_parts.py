@@ -27,7 +27,8 @@ GPU runs had).  Each part is timed by wrapping the function that does it:
 and a cProfile of the whole run keeps the 40 costliest functions by own time.  `--without NAME`
 (repeatable) runs without one of our workarounds of lm-eval's costs, for the comparison:
 `compiled_templates`, `env_info_ahead` (harness.LM_EVAL_WORKAROUNDS) and `eval_cache` (the
-persistent Arrow cache of the data, harness.eval_cache_root; without it a temporary one, as before).
+persistent Arrow cache of the data, harness.eval_cache_root; without it a temporary one, as before)
+and `decode_kept` (ours: the stop-string watcher's decode without transformers' wrapper).
 Run twice with the cache: the first run builds it, the second reads it.
 """
 
@@ -52,7 +53,7 @@ from typing import Any
 
 KIND = "plamo2-bench-lm-eval-parts"
 SCHEMA_VERSION = 1
-WORKAROUNDS = ("compiled_templates", "env_info_ahead", "eval_cache")
+WORKAROUNDS = ("compiled_templates", "env_info_ahead", "eval_cache", "decode_kept")
 
 
 class Timers:
@@ -172,6 +173,10 @@ def main() -> None:
     harness.LM_EVAL_WORKAROUNDS = tuple(
         w for w in harness.LM_EVAL_WORKAROUNDS if w.__name__.lstrip("_") not in args.without
     )
+    if "decode_kept" in args.without:  # the watcher's decode through transformers' wrapper, as before
+        from plamo2_tools.tokenizer.hf import PlamoTokenizerNative
+
+        PlamoTokenizerNative.decode_kept = None  # type: ignore[assignment,method-assign]
     timers.wrap(TaskManager, "load", "task_load")
     timers.wrap(ConfigurableTask, "build_all_requests", "build_requests")
     timers.wrap(plamo2_lm.Plamo2LM, "tok_encode_many", "glue_tokenize")

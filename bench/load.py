@@ -6,7 +6,10 @@ Times, interleaved round by round (a noisy neighbour slows every kind alike), in
 * `read`: every shard file read once into one reusable buffer (`preadv`): the page cache's (warm)
   or the disk's (cold) speed, the floor of any load;
 * `before`: what main did up to 97d0f15 — `verify_shard_files` with digests (one pass over every
-  byte, XXH3 on every core), then each tensor through `safetensors.safe_open(...).get_tensor`;
+  byte, XXH3 on every core), then each tensor through `safetensors.safe_open(...).get_tensor`
+  (on the CPU: tensors left on safetensors' mapping of the file, nothing copied);
+* `before_copied`: the same, each tensor then copied into memory of its own (on the CPU: the copy
+  `after` makes, and the CUDA path's work on the way to the card; on CUDA the same as `before`);
 * `after`: header checks only, then `runtime/rank/weights.load_rank_weights`: one `preadv` pass
   into the tensors' memory with each file's digest taken from the loaded bytes on a second thread;
 * `after_no_verify`: the same without the digests (`--no-verify`): the copy alone.
@@ -61,8 +64,11 @@ def read_all(paths: list[Path]) -> None:
             os.close(fd)
 
 
-def load_before(m: Any, device: torch.device) -> dict[str, torch.Tensor]:
-    """main's runtime/rank/weights.py at 97d0f15, after main's verify_shard_files(digests=True)."""
+def load_before(m: Any, device: torch.device, copied: bool = False) -> dict[str, torch.Tensor]:
+    """main's runtime/rank/weights.py at 97d0f15, after main's verify_shard_files(digests=True).
+    On the CPU safetensors hands out tensors backed by its mapping of the file (no copy: the first
+    forward faults the pages in, and a file rewritten after the check is what runs); `copied`
+    also copies each into memory of its own, the work the CUDA path does on its way to the card."""
     from safetensors import safe_open
 
     from plamo2_tools.shards.integrity import verify_shard_files
@@ -73,7 +79,7 @@ def load_before(m: Any, device: torch.device) -> dict[str, torch.Tensor]:
         for name in m.rank_files(rank):
             with safe_open(str(m.path / name), framework="pt", device=str(device)) as f:
                 for key in f.keys():  # noqa: SIM118 - a safe_open handle
-                    out[key] = f.get_tensor(key)
+                    out[key] = f.get_tensor(key).clone() if copied and device.type == "cpu" else f.get_tensor(key)
     return out
 
 
@@ -86,6 +92,18 @@ def load_after(m: Any, device: torch.device, verify: bool = True) -> dict[str, t
     for rank in range(m.mapping.world_size):
         out.update(load_rank_weights(m, rank, device, verify=verify))
     return out
+
+
+def git_commit() -> str | None:
+    import subprocess
+
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent
+        )
+    except OSError:
+        return None
+    return out.stdout.strip() or None
 
 
 def _bytes(t: torch.Tensor) -> torch.Tensor:
@@ -120,9 +138,12 @@ def main() -> None:
     kinds: dict[str, Callable[[], Any]] = {
         "read": lambda: read_all(paths),
         "before": lambda: load_before(m, device),
+        "before_copied": lambda: load_before(m, device, copied=True),
         "after": lambda: load_after(m, device),
         "after_no_verify": lambda: load_after(m, device, verify=False),
     }
+    if device.type != "cpu":
+        del kinds["before_copied"]  # get_tensor already copies to the device
     runs: dict[str, list[dict[str, float]]] = {k: [] for k in kinds}
     reference = None
     read_all(paths)  # warm start: the page cache holds the files
@@ -149,13 +170,15 @@ def main() -> None:
     result = {
         "kind": KIND, "schema_version": SCHEMA_VERSION,
         "command": " ".join([os.path.relpath(sys.argv[0]), *sys.argv[1:]]),
-        "commit": os.environ.get("PLAMO2_BENCH_COMMIT"), "shards": str(args.shards), "bytes": total,
+        "commit": os.environ.get("PLAMO2_BENCH_COMMIT") or git_commit(), "shards": str(args.shards), "bytes": total,
         "files": len(paths), "format_version": m.format.version, "hash": m.hash, "device": args.device,
         "cache": args.cache, "repeat": args.repeat,
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "torch": torch.__version__,
                     "loadavg": os.getloadavg()},
         "kinds": summary,
         "after_vs_before_wall": summary["after"]["wall_s_median"] / summary["before"]["wall_s_median"],
+        "after_vs_before_copied_wall": (summary["after"]["wall_s_median"] / summary["before_copied"]["wall_s_median"]
+                                        if "before_copied" in summary else None),
         "after_vs_read_wall": summary["after"]["wall_s_median"] / summary["read"]["wall_s_median"],
     }  # fmt: skip
     args.out.parent.mkdir(parents=True, exist_ok=True)
