@@ -17,8 +17,8 @@
 #    --warmup adds `plamo2-tools warmup SHARDS` as the first step of each pass (the "after warmup"
 #    user), at the cost of its own seconds.
 # 2. tune: `PLAMO2_TUNED=0 plamo2-tools warmup --tuned-out` reading the caches e2e just filled (so
-#    it is quick); results/tune.json holds the table: commit `results.table` as
-#    plamo2_tools/kernels/tuned/<card>.json (its `table_file` names it).
+#    it is quick); the table is written beside the tar as $OUT/<card>.json: commit it as
+#    plamo2_tools/kernels/tuned/<card>.json (results/tune.json in the tar holds it too).
 # 3. throughput plamo-2-1b: decode at batch 1 / 64 / 256 (CUDA graphs), against the weight-read
 #    floor (targets: >= 75 % at 1, >= 60 % at 64).
 # 4. throughput plamo-3-8b: the same (synth + convert of 16 GB first: about a minute).
@@ -72,6 +72,14 @@ nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2> /dev/null
 python3 -m bench.session --deadline "$DEADLINE" --work "$WORK" --dtype bfloat16 --min-seconds 25 \
   ${OUT:+--out "$OUT"} --preset "$PRESET1" "${B[@]}"
 rc=$?
+# The card's table beside the tar, ready to commit as plamo2_tools/kernels/tuned/<its name>.
+python3 - "$WORK/session/results/tune.json" "${OUT:-runs/session}" <<'PY' || true
+import json, pathlib, sys
+src, out = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
+if src.is_file() and (res := json.loads(src.read_text()).get("results") or {}).get("table"):
+    (out / res["table_file"]).write_text(json.dumps(res["table"], indent=1) + "\n")
+    print(f"tuned table: {out / res['table_file']} (commit it as plamo2_tools/kernels/tuned/{res['table_file']})")
+PY
 SHARDS=$WORK/models/$PRESET1-bfloat16/tp1pp1
 if [ "$LOAD" = 1 ] && [ -f "$SHARDS/plamo2_shards.json" ]; then  # after the session: its model, warm page cache
   timeout 90 python3 bench/load.py "$SHARDS" --device "$DEVICE" --repeat 3 --out "${OUT:-runs/session}/load_$DEVICE.json"
