@@ -4,7 +4,8 @@
 Each case runs in a fresh interpreter that reports, as it exits, which of HEAVY it had imported;
 the assertion is about *which modules*, never about time.  Seen failing: with `generate` importing
 the runtime before it looks at the directory (as it did), the first refusal case lists torch; with
-the device check importing torch again, the `--device cuda` case does.
+the device check importing torch again, the `--device cuda` case does; with the reference forward
+importing torch before it checks its directory (as it did), the `verify` cases do.
 """
 
 from __future__ import annotations
@@ -76,6 +77,8 @@ def refusals(tmp_path: Path, shards: Path) -> list[tuple[tuple[object, ...], str
         (("check", empty), ""),
         (("inspect", missing), ""),
         (("tokenize", missing), "is not a directory"),
+        (("verify", shards, "--reference", missing), "not a directory"),
+        (("verify", shards, "--reference", empty), "config.json"),
     ]
 
 
