@@ -21,12 +21,12 @@ import pytest
 from plamo2_tools.kernels.devices import torch_build
 
 BUILD = torch_build()
-# numpy is not among them: the shard format's readers and the model registry (which `--help` of the
-# commands with `--option` reads for its list) use it, at ~0.1 s.
+# numpy is not among them everywhere: the commands that move bytes (check, inspect, convert) and
+# verify use it; the run commands' refusals do not (RUN_COMMANDS, below), at ~0.1-0.2 s.
 HEAVY = ("torch", "transformers", "lm_eval", "triton", "datasets", "fastapi")
-PROBE = f"""
+PROBE = """
 import atexit, runpy, sys
-atexit.register(lambda: sys.stderr.write("\\nHEAVY=" + ",".join(m for m in {HEAVY!r} if m in sys.modules) + "\\n"))
+atexit.register(lambda: sys.stderr.write("\\nHEAVY=" + ",".join(m for m in {modules!r} if m in sys.modules) + "\\n"))
 sys.argv = ["plamo2-tools", *sys.argv[1:]]
 runpy.run_module("plamo2_tools.cli", run_name="__main__")
 """
@@ -34,8 +34,10 @@ COMMANDS = ("synth", "inspect", "logits", "convert", "merge", "check", "demo", "
             "gsm8k-task", "report", "tokenize", "warmup")  # fmt: skip
 
 
-def loaded(*args: object, env: dict[str, str] | None = None) -> tuple[int, set[str], str]:
-    r = subprocess.run([sys.executable, "-c", PROBE, *map(str, args)], capture_output=True, text=True, env=env)
+def loaded(*args: object, env: dict[str, str] | None = None, modules: tuple[str, ...] = HEAVY
+           ) -> tuple[int, set[str], str]:  # fmt: skip
+    probe = PROBE.format(modules=modules)
+    r = subprocess.run([sys.executable, "-c", probe, *map(str, args)], capture_output=True, text=True, env=env)
     marker = [line for line in r.stderr.splitlines() if line.startswith("HEAVY=")]
     assert marker, r.stderr[-2000:]
     found = {m for m in marker[-1].removeprefix("HEAVY=").split(",") if m}
@@ -104,3 +106,17 @@ def test_hidden_gpus_are_refused_without_torch(shards) -> None:
                                  env=env)  # fmt: skip
     assert code == 3 and "no CUDA device is usable" in stderr, stderr
     assert not found, found
+
+
+RUN_COMMANDS = ("generate", "eval", "serve", "warmup", "tokenize")
+
+
+def test_the_run_commands_refuse_without_numpy(shards, tmp_path: Path) -> None:
+    """The manifest, dtype and layout modules import numpy on first use only.  Seen failing with
+    `import numpy as np` back at the top of model/layout.py: every case lists numpy."""
+    layout = shards("tiny", 1, 1, seed=11)
+    cases = [args for args, _ in refusals(tmp_path, layout) if args[0] in RUN_COMMANDS]
+    assert len(cases) >= 10
+    for args in cases:
+        code, found, stderr = loaded(*args, modules=("numpy",))
+        assert code == 2 and not found, (args, found, stderr)
