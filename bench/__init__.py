@@ -12,7 +12,9 @@ a Schema entry in plamo2_tools/report/inputs.py (with its renderer).
 The other files here are checks and tools with their own command lines: vllm_compat.sh/.py and
 plamo3_vllm_forward.py (vLLM itself on our shards), mutants.py (mutation testing), fuzz.py (the long
 fuzz campaign), kill_resume.py (convert killed and resumed), tokenizer.py (the native tokenizer
-against PLaMo's own), sample_stacks.py (where a Python program's threads spend their time).
+against PLaMo's own), sample_stacks.py (where a Python program's threads spend their time), and the
+start-up scripts of issue 33, which run on the CPU too: startup.py (--help and refusals from the
+shell), load.py (weight loading), lm_eval_parts.py (lm-eval's own time in a GSM8K run).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ BENCHMARKS: dict[str, str] = {
     "kernels": "bench.kernels",  # the Triton kernels against the PyTorch path and mamba_ssm, with correctness checks
     "accuracy": "bench.accuracy",  # the offline GSM8K run (lm-eval) phase by phase, with its scores
     "e2e": "bench.e2e",  # the README's commands from the shell, fresh and warm
+    "tune": "bench.tune",  # this card's tuned-kernel table (warmup --tuned-out), kept in the result
 }
 
 

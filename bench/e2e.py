@@ -7,10 +7,12 @@
 Every step is one `plamo2-tools` command in a fresh process, timed from outside (wall, CPU of the
 process and its children, peak RSS, exit status), as README.md runs it: `help` (--help), `synth`,
 `inspect`, `convert` (to --layout), `check`, `check-source` (check --source), `verify` (against
-the reference forward), `generate` (one prompt, --max-new-tokens), `eval` (gsm8k 5-shot, on
---gsm8k-dir or GSM8K-shaped --synthetic-data), `merge` and `report` (on the --json output of
-inspect and check).  The inputs a step reads (the checkpoint, the shards) are made first, untimed;
-what a step writes goes to a fresh directory each time.
+the reference forward), `warmup` (compile and capture into the caches), `generate` (one prompt,
+--max-new-tokens), `eval` (gsm8k 5-shot, on --gsm8k-dir or GSM8K-shaped --synthetic-data),
+`merge` and `report` (on the --json output of inspect and check).  Each record holds the
+command's own split beside its wall (`timeline`: plamo2_tools/timeline.py).  The inputs a step
+reads (the checkpoint, the shards) are made first, untimed; what a step writes goes to a fresh
+directory each time.
 
 Pass 1 is fresh: the Triton, PLaMo tuning and TorchInductor caches start empty, as on a new
 machine (the OS page cache and Python's .pyc files are left as they are: pip compiles those at
@@ -23,6 +25,7 @@ a checkout of the commit before a change: the ratios then say what the change di
 from __future__ import annotations
 
 import argparse
+import json
 import shlex
 import shutil
 import statistics
@@ -33,6 +36,7 @@ from typing import Any
 
 from bench.common import ROOT, Result, model_inputs, parse_layout, run_cli, run_timed, tree_env, work_dir
 from plamo2_tools.kinds import BENCH_E2E_KIND
+from plamo2_tools.timeline import ENV as TIMELINE_ENV
 
 KIND = BENCH_E2E_KIND
 MODEL = True
@@ -101,6 +105,7 @@ def step_args(step: str, i: Inputs, out: Path) -> list[str]:
             "--output",
             f"{out}.json",
         ],
+        "warmup": ["warmup", str(i.shards), *device],
         "generate": ["generate", str(i.shards), "--prompt", PROMPT, "--max-new-tokens", str(i.tokens), *device],
         "eval": [
             "eval",
@@ -130,6 +135,7 @@ STEPS = (
     "check",
     "check-source",
     "verify",
+    "warmup",
     "generate",
     "eval",
     "merge",
@@ -235,6 +241,9 @@ def one(step: str, name: str, tree: Path, n: int, inputs: Inputs, work: Path, ru
         HF_DATASETS_OFFLINE="1",
     )
     out = runs / f"{step}-{name}-{n + 1}"
+    split = runs / f"{step}-{name}-{n + 1}.timeline"  # the command's own split as it exits (timeline.py)
+    env[TIMELINE_ENV] = str(split)
+    shutil.rmtree(split, ignore_errors=True)
     shutil.rmtree(out, ignore_errors=True)
     for leftover in (Path(f"{out}.json"), Path(f"{out}.md")):
         leftover.unlink(missing_ok=True)
@@ -250,6 +259,9 @@ def one(step: str, name: str, tree: Path, n: int, inputs: Inputs, work: Path, ru
         "fresh": n == 0,
         **timed(cmd, env, runs / f"{step}-{name}-{n + 1}.log"),
     }
+    inside = sorted(split.glob("*.json")) if split.is_dir() else []
+    if inside:  # where the wall went inside the process: imports, load, lm-eval, tokens (None: unreadable)
+        record["timeline"] = json_or_none(inside[0])
     flag = "" if record["rc"] == 0 else f"  exit {record['rc']}"
     print(
         f"pass {n + 1} {'fresh' if n == 0 else 'warm '} {name:8s} {step:12s} {record['wall_s']:8.2f} s{flag}",
@@ -293,3 +305,10 @@ def summary(records: list[dict[str, Any]], names: list[str]) -> list[dict[str, A
                     row[f"{key[:-2]}_vs_{names[0]}"] = row[key] / b if row[key] is not None and b else None
             rows.append(row)
     return rows
+
+
+def json_or_none(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None

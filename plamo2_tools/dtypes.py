@@ -10,11 +10,12 @@ only by the commands that run the model.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from .errors import CheckpointError, UserError
+
+if TYPE_CHECKING:  # numpy on first use: a refusal that reads a manifest needs none (issue 33)
+    import numpy as np
 
 
 @dataclass(frozen=True, eq=False)
@@ -33,6 +34,8 @@ class DType:
 
     @property
     def np(self) -> np.dtype:
+        import numpy as np
+
         return np.dtype(self.storage)
 
     @property

@@ -36,6 +36,7 @@ BENCH_CONVERT_KIND = "plamo2-bench-convert"  # bench/convert.py (version 1: the 
 BENCH_KERNELS_KIND = "plamo2-bench-kernels"  # bench/kernels.py (version 1: kernels.json and kernels.jsonl)
 BENCH_ACCURACY_KIND = "plamo2-bench-accuracy"  # bench/accuracy.py: the offline GSM8K run, phase by phase
 BENCH_E2E_KIND = "plamo2-bench-e2e"  # bench/e2e.py: the README's commands from the shell, fresh and warm
+BENCH_TUNE_KIND = "plamo2-bench-tune"  # bench/tune.py: a card's tuned-kernel table, made on the card
 
 # Version 1 only: written by bench/runtime.py + bench/gsm8k.py and bench/serve.py before the suite
 # (now bench/throughput.py + bench/accuracy.py and bench/serving.py).
@@ -52,5 +53,9 @@ BENCH_TOKENIZER_KIND, BENCH_TOKENIZER_SCHEMA_VERSION = "plamo2-bench-tokenizer",
 KILL_RESUME_KIND, KILL_RESUME_SCHEMA_VERSION = "plamo2-bench-kill-resume", 1  # bench/kill_resume.py
 BENCH_FUZZ_KIND, BENCH_FUZZ_SCHEMA_VERSION = "plamo2-bench-fuzz", 1  # bench/fuzz.py
 MUTANTS_KIND, MUTANTS_SCHEMA_VERSION = "plamo2-mutants", 1  # bench/mutants.py
+# Start-up and one-time costs (issue 33), measured on any machine, the CPU included:
+BENCH_STARTUP_KIND, BENCH_STARTUP_SCHEMA_VERSION = "plamo2-bench-startup", 1  # bench/startup.py: --help, refusals
+BENCH_LOAD_KIND, BENCH_LOAD_SCHEMA_VERSION = "plamo2-bench-load", 1  # bench/load.py: weight loading
+BENCH_LM_EVAL_PARTS_KIND, BENCH_LM_EVAL_PARTS_SCHEMA_VERSION = "plamo2-bench-lm-eval-parts", 1  # lm_eval_parts.py
 BENCH_EXPORT_MLX_KIND, BENCH_EXPORT_MLX_SCHEMA_VERSION = "plamo2-bench-export-mlx", 1  # bench/export_mlx.py
 BENCH_EXPORT_FP8_KIND, BENCH_EXPORT_FP8_SCHEMA_VERSION = "plamo2-bench-export", 1  # bench/export_fp8.py

@@ -17,9 +17,7 @@ import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from .dtypes import SAFETENSORS_DTYPES as DTYPES
 from .dtypes import SAFETENSORS_NAMES as DTYPE_NAMES
@@ -28,6 +26,9 @@ from .dtypes import element_size as dtype_size
 from .errors import CheckpointError, EnvironmentLimitError, os_error
 from .jsonio import parse_json
 from .safe_files import create_fresh, open_regular, write_error
+
+if TYPE_CHECKING:  # numpy on first use: reading a header needs none (issue 33: refusals before imports)
+    import numpy as np
 
 MAX_HEADER_BYTES = 100_000_000  # the safetensors library's own limit
 
@@ -143,6 +144,8 @@ def pread_into(fd: int, view: memoryview, offset: int, path: Path | str = "") ->
 def read_array(fd: int, info: TensorInfo, start: int, stop: int, path: Path | str = "") -> np.ndarray:
     """Rows [start, stop) of a tensor (dim 0), as a fresh numpy array held as `info.dtype.storage`
     (numerics.py: bfloat16 as the uint16 of its bits)."""
+    import numpy as np
+
     nrows = stop - start
     shape = (nrows, *info.shape[1:]) if info.shape else ()
     # np.empty, not bytearray: a bytearray is zero-filled first, which made 64 MiB chunk reads
@@ -156,6 +159,8 @@ def read_array(fd: int, info: TensorInfo, start: int, stop: int, path: Path | st
 def tensor_bytes(t: Any) -> memoryview:
     """The raw little-endian bytes of a numpy array (or a CPU torch tensor), without a copy when
     it is contiguous."""
+    import numpy as np
+
     if not isinstance(t, np.ndarray):  # a torch tensor (synth's values): torch is loaded already
         import torch
 

@@ -16,7 +16,7 @@ import typer
 from rich.logging import RichHandler
 
 from ..version import __version__
-from . import checkpoints, evaluate, export, reports, run, serve, shards
+from . import checkpoints, evaluate, export, reports, run, serve, shards, warmup
 from .console import err, out
 from .errors import OneLineErrors, handle_errors
 
@@ -60,6 +60,7 @@ COMMANDS = (
     ("demo", run.demo),
     ("verify", run.verify),
     ("generate", run.generate),
+    ("warmup", warmup.warmup),
     ("serve", serve.serve),
     ("eval", evaluate.eval_shards),
     ("gsm8k-task", evaluate.gsm8k_task),

@@ -20,6 +20,7 @@ import typer
 from rich.markup import escape
 from typer.core import TyperGroup
 
+from .. import timeline
 from ..errors import BUG_EXIT_CODE, ENVIRONMENT_ERRNOS, REPORT_BUGS_TO, Plamo2Error
 from ..version import __version__
 from .console import err
@@ -121,6 +122,8 @@ def handle_errors(fn: F) -> F:
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         signal.signal(signal.SIGTERM, _raise_interrupt)
+        timeline.mark("command")  # interpreter, imports and parsing done (issue 33: the split of a shell run)
+        timeline.record_at_exit(fn.__name__)
         try:
             return fn(*args, **kwargs)
         except Plamo2Error as e:

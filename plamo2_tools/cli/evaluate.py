@@ -51,7 +51,7 @@ def eval_shards(
     plus a stable results.json.
     """
     from ..eval.gsm8k_task import load_gsm8k_data
-    from ..eval.harness import EvalRequest, check_tasks, run_eval
+    from ..eval.harness import EvalRequest, check_tasks, run_eval  # torch-free until run_eval runs
     from ..model import family_of
     from ..shards.integrity import verify_shard_files
     from ..shards.manifest import load_manifest
@@ -69,21 +69,22 @@ def eval_shards(
     positions = manifest.config.max_position_embeddings
     if max_length is not None and max_length > positions:
         raise UserError(f"--max-length {max_length}: the model has {positions} positions")
-    # The shard files against their manifest, here and once (the runtime then skips the digests).
-    verify_shard_files(manifest, range(manifest.mapping.world_size), digests=not no_verify)
+    # Side files, presence and headers now (cheap); each file's digest is taken while the runtime
+    # copies it to the device (runtime/rank/weights.py), and a mismatch refuses the run there.
+    verify_shard_files(manifest, range(manifest.mapping.world_size), digests=False)
     data = load_gsm8k_data(gsm8k_dir, allow_unverified=allow_unverified_data)
-    if not data.verified:
-        err.print("[yellow]warning:[/] not the official GSM8K files; scores do not compare with published numbers")
     request = EvalRequest(
         shards=str(shards), data=data.to_dict(), tasks=task_list, num_fewshot=num_fewshot, limit=parsed_limit,
         batch_size=batch, output_path=str(output_path) if output_path else None, device=device, backend=backend,
         max_gen_toks=max_gen_toks, max_length=max_length, trust_remote_code=trust_remote_code,
         bootstrap_iters=bootstrap_iters, log_samples=log_samples and output_path is not None,
-        verify_files=False, forward_options=options,
+        verify_files=not no_verify, forward_options=options,
     )  # fmt: skip
     outcome = run_eval(request, launch=launch)
     if outcome is None:  # a torchrun rank other than the first: rank 0 prints and writes
         return
+    if not data.verified:  # with the results it qualifies (a refusal while loading stays one line)
+        err.print("[yellow]warning:[/] not the official GSM8K files; scores do not compare with published numbers")
     if as_json:
         print_json(outcome.summary())
         return

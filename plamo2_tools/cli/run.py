@@ -13,6 +13,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
+from .. import timeline
 from ..errors import CheckFailed, UserError
 from ..serve import API_KEY_ENV  # the package's __init__ imports nothing heavy
 from .console import RequestProgress, err, out, print_json, step_progress
@@ -43,7 +44,6 @@ def logits(
     """Logits of one token sequence, written as a float32 .npy array of shape (tokens, vocab):
     the runtime's for a shard directory, the reference forward's for an HF checkpoint."""
     import numpy as np
-    import torch
 
     ids = int_list(input_ids, "--input-ids")
     if not ids:
@@ -51,29 +51,33 @@ def logits(
     check_output_file(out_file, "--out")
     options = forward_options(option)
     if is_shard_dir(path):
-        from ..runtime.serving.engine import load_engine
         from ..shards.manifest import load_manifest
 
-        check_runtime_options(device, backend)
         check_tokens(ids, load_manifest(path).config, 0, "--input-ids")
+        check_runtime_options(device, backend)
+        from ..runtime.serving.engine import load_engine
+
         with load_engine(path, device=device, backend=backend, verify_files=not no_verify,
                          forward_options=options) as engine:  # fmt: skip
             result = engine.prompt_logits([ids])[0]
             if not engine.is_main:  # under torchrun only rank 0 writes
                 return
     else:
-        from ..model.checkpoint import HFCheckpoint
         from ..shards.owned import ensure_readable_checkpoint
 
-        dtypes = {"float64": torch.float64, "float32": torch.float32}
-        if precision not in dtypes:
+        if precision not in ("float64", "float32"):
             raise UserError("--precision must be float64 or float32")
         ensure_readable_checkpoint(path)
+        from ..model.checkpoint import HFCheckpoint
+
         with HFCheckpoint(path) as ckpt:
             ckpt.check_inventory()
             check_tokens(ids, ckpt.config, 0, "--input-ids")
             chosen = ckpt.family.check_runtime_options(options)
-            result = ckpt.family.reference_logits(ckpt, [ids], dtypes[precision], **chosen)[0]
+            import torch
+
+            dtype = torch.float64 if precision == "float64" else torch.float32
+            result = ckpt.family.reference_logits(ckpt, [ids], dtype, **chosen)[0]
     with open(out_file, "wb") as f:  # a file object: np.save would append .npy to a bare name
         np.save(f, result.numpy())
     err.print(f"wrote logits {tuple(result.shape)} to {out_file}", highlight=False, markup=False)
@@ -343,17 +347,22 @@ def generate(
 
 def generate_prompt(prompt: str, sampling: dict[str, Any], run: dict[str, Any], as_json: bool) -> None:
     """`generate --prompt`: one continuation, streamed to stdout as it is generated."""
-    from ..runtime.serving.engine import Runtime, load_tokenizer
-    from ..runtime.serving.text import TextStream, decode_kept_specials, stop_token_ids
     from ..shards.manifest import load_manifest
 
+    # Cheapest first, torch last (issue 33): the directory, then the tokenizer (transformers), then
+    # the runtime (torch); options and the device were checked before (runtime_args).
     shards, max_new_tokens = Path(run["shards"]), sampling["max_tokens"]
     cfg = load_manifest(shards).config
+    from ..tokenizer import load_tokenizer
+
     tok = load_tokenizer(shards, trust_remote_code=run["trust_remote_code"])
     ids = list(tok(prompt)["input_ids"])
     if not ids:
         raise UserError("--prompt: the prompt has no tokens")
     check_tokens(ids, cfg, max_new_tokens, "--prompt")
+    from ..runtime.serving.engine import Runtime
+    from ..runtime.serving.text import TextStream, decode_kept_specials, stop_token_ids
+
     # Streamed text is its own progress on a terminal; a bar when nothing streams there (rank 0's only).
     show = (as_json or not sys.stdout.isatty()) and os.environ.get("RANK", "0") == "0"
     bar = step_progress("generate", max_new_tokens, enabled=show)
@@ -368,6 +377,7 @@ def generate_prompt(prompt: str, sampling: dict[str, Any], run: dict[str, Any], 
                 sys.stdout.write(text)
                 sys.stdout.flush()
 
+        timeline.mark("tokens_start")
         start = time.perf_counter()
         gen = rt.generate([ids], max_new_tokens, eos_token_ids=stop_token_ids(shards, tok),
                           temperature=sampling["temperature"], top_p=sampling["top_p"], seed=sampling["seed"],
@@ -378,7 +388,7 @@ def generate_prompt(prompt: str, sampling: dict[str, Any], run: dict[str, Any], 
         tokens = gen.tokens[0]
         if as_json:
             print_json({"prompt": prompt, "prompt_tokens": len(ids), "tokens": tokens, "text": decode(tokens),
-                        "seconds": seconds})  # fmt: skip
+                        "seconds": seconds, "timeline": timeline.timeline()})  # fmt: skip
         else:
             sys.stdout.write(stream.finish() + "\n")
             err.print(f"{len(tokens)} tokens in {seconds:.2f} s ({len(tokens) / max(seconds, 1e-9):.1f} tokens/s)")

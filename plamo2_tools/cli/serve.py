@@ -64,7 +64,6 @@ def serve(
     Every request goes into the runtime's continuous-batching loop.  Listens on 127.0.0.1 unless
     --host says otherwise; SIGTERM or SIGINT finishes running requests (up to --shutdown-timeout)
     and exits 0.  Under `torchrun` (or with --launch) rank 0 serves and the other ranks follow."""
-    from ..serve.service import switch_interval
     from ..shards.manifest import load_manifest
 
     run = runtime_args(shards, device, backend, option, no_verify, trust_remote_code, cuda_graph)
@@ -81,6 +80,8 @@ def serve(
     }
     check_service_args(args, api_key)
     load_manifest(shards)  # a shard directory, finished: one line now if not
+    from ..serve.service import switch_interval  # the runtime (torch): after the refusals (issue 33)
+
     switch_interval()  # the GIL knob's value, checked before the model loads
     if launch:
         serve_on_torchrun(run, args, api_key)

@@ -41,8 +41,6 @@ class Reference:
     """One HF checkpoint's reference forward (opened per call: it holds no file between them)."""
 
     def __init__(self, path: Path, precision: str = "float64", device: str = "cpu") -> None:
-        import torch
-
         from ..errors import UserError
 
         if precision not in ("float64", "float32"):
@@ -52,6 +50,8 @@ class Reference:
             ckpt.check_inventory()
             self.family = ckpt.family
             self.config = ckpt.config
+        import torch  # after the checks: a refusal costs no torch import (issue 33)
+
         self.path = path
         self.precision = precision
         self.dtype = getattr(torch, precision)

@@ -14,21 +14,23 @@ Where the ranks run:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
 import subprocess
 import tempfile
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .. import timeline
 from ..errors import Plamo2Error, UserError
 from ..kinds import EVAL_KIND, EVAL_SCHEMA_VERSION
-from ..runtime.process.jobs import run_job
 from ..runtime.process.result_io import result_type
 from ..safetensors_io import atomic_write_text
 from .gsm8k_task import Gsm8kData, gsm8k_task_config
@@ -92,7 +94,8 @@ class EvalOutcome:
         keep = ("results", "versions", "n-shot", "n-samples", "config", "task_hashes")
         data: dict[str, Any] = {"kind": EVAL_KIND, "schema_version": EVAL_SCHEMA_VERSION}
         data.update((k, self.results[k]) for k in keep if k in self.results)
-        data.update(files=self.files, launched=self.launched, wall_seconds=self.wall_seconds)
+        data.update(files=self.files, launched=self.launched, wall_seconds=self.wall_seconds,
+                    timeline=timeline.timeline())  # fmt: skip
         return json.loads(json.dumps(data, default=handle_non_serializable))
 
 
@@ -114,7 +117,10 @@ def evaluate_model(lm: Any, request: EvalRequest, cache_root: str | Path) -> Eva
         {k: Path(v) for k, v in request.data["files"].items()}, request.data["sha256"], request.data["verified"]
     )
     tracker = EvaluationTracker(output_path=request.output_path)
-    with hf_offline(cache_root), _quiet_git_hash(), _compiled_templates():
+    timeline.mark("lm_eval_start")
+    with hf_offline(cache_root), _quiet_git_hash(), contextlib.ExitStack() as fixes:
+        for workaround in LM_EVAL_WORKAROUNDS:
+            fixes.enter_context(workaround())
         results = lm_eval.simple_evaluate(
             model=lm,
             model_args=request.model_args(),
@@ -128,6 +134,7 @@ def evaluate_model(lm: Any, request: EvalRequest, cache_root: str | Path) -> Eva
             log_samples=request.log_samples,
             evaluation_tracker=tracker,
         )
+    timeline.mark("lm_eval_end")
     if results is None:  # not the process that writes (torchrun rank with LOCAL_RANK != 0)
         return None
     samples = results.pop("samples", {}) if request.log_samples else {}
@@ -162,6 +169,52 @@ def _compiled_templates() -> Iterator[None]:
         yield
     finally:
         lm_eval.utils.apply_template = saved
+
+
+@contextmanager
+def _env_info_ahead() -> Iterator[None]:
+    """lm-eval's `add_env_info` runs torch's `collect_env` after the evaluation, on the critical
+    path: `pip list`, `nvidia-smi` and a dozen more subprocesses, seconds of waiting (4.7 s of a
+    50-document run on the 2-core VM, reports/startup/lm_eval_parts_*.json).  The same text is
+    computed on a thread from the start of the run (it waits on subprocesses, so the evaluation
+    goes on meanwhile) and handed to lm-eval's own `add_env_info`, which writes the results as before."""
+    import lm_eval.evaluator
+    import torch.utils.collect_env as collect_env
+
+    real = collect_env.get_pretty_env_info
+    found: dict[str, str] = {}
+
+    def compute() -> None:
+        try:
+            found["info"] = real()
+        except Exception as e:  # noqa: BLE001 - what lm-eval's add_env_info records in that case
+            found["info"] = str(e)
+
+    thread = threading.Thread(target=compute, name="plamo2-env-info", daemon=True)
+    thread.start()
+    original = lm_eval.evaluator.add_env_info
+
+    def add_env_info(storage: dict[str, Any]) -> None:
+        thread.join()
+        collect_env.get_pretty_env_info = lambda: found["info"]
+        try:
+            original(storage)
+        finally:
+            collect_env.get_pretty_env_info = real
+
+    lm_eval.evaluator.add_env_info = add_env_info
+    try:
+        yield
+    finally:
+        lm_eval.evaluator.add_env_info = original
+
+
+# lm-eval's own costs, worked around without forking it (bench/lm_eval_parts.py measures each; its
+# --no-fix runs without them): context managers around simple_evaluate.
+LM_EVAL_WORKAROUNDS: tuple[Callable[[], contextlib.AbstractContextManager[None]], ...] = (
+    _compiled_templates,
+    _env_info_ahead,
+)
 
 
 @contextmanager
@@ -229,6 +282,29 @@ def _build_model(runtime: Any, request: EvalRequest) -> Any:
     )  # fmt: skip
 
 
+@contextmanager
+def eval_cache_root() -> Iterator[str]:
+    """Where lm-eval's Hugging Face caches live: the GSM8K files as Arrow tables, built once and read
+    back by the next run (3.7 s of the task set-up on the 2-core VM, reports/startup/), under
+    `$PLAMO2_CACHE_DIR/lm-eval` (default ~/.cache/plamo2-tools/lm-eval): ours, never the user's
+    ~/.cache/huggingface.  PLAMO2_EVAL_CACHE=0, or a place that cannot be written, gives a temporary
+    one per run instead."""
+    root = os.environ.get("PLAMO2_CACHE_DIR")
+    base = (Path(root) if root else Path.home() / ".cache" / "plamo2-tools") / "lm-eval"
+    usable = False
+    if os.environ.get("PLAMO2_EVAL_CACHE", "1") != "0":
+        try:
+            base.mkdir(parents=True, exist_ok=True)
+            usable = os.access(base, os.W_OK)
+        except OSError:
+            usable = False
+    if usable:
+        yield str(base)
+        return
+    with tempfile.TemporaryDirectory(prefix="plamo2-eval-hf-") as tmp:
+        yield tmp
+
+
 def eval_job(runtime: Any, cache_root: str, **request: Any) -> EvalOutcome | None:
     """The job `run_eval` runs (in-process, or on every torchrun rank): each rank runs
     the whole evaluation on its own rank of `runtime`; each keeps its own dataset cache so that
@@ -239,9 +315,11 @@ def eval_job(runtime: Any, cache_root: str, **request: Any) -> EvalOutcome | Non
 
 def run_eval(request: EvalRequest, launch: bool = False) -> EvalOutcome | None:
     """Evaluate `request.shards` in-process (ranks as threads) or on fresh torchrun ranks."""
+    from ..runtime.process.jobs import run_job  # the runtime (torch): imported when a run starts, not to check
+
     check_tasks(request.tasks)
     start = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="plamo2-eval-hf-") as cache_root:
+    with eval_cache_root() as cache_root:
         runtime = {"shards": request.shards, "device": request.device, "backend": request.backend,
                    "verify_files": request.verify_files, "forward_options": request.forward_options}  # fmt: skip
         env = offline_env(Path(cache_root) / "launch") if launch else None

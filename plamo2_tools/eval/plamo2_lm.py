@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ from lm_eval.models.utils import Collator, has_bos_prefix, maybe_truncate
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from tqdm import tqdm
 
+from .. import timeline
 from ..dtypes import dtype_name
 from ..errors import UserError
 from ..kernels.devices import check_backend, check_device
@@ -371,11 +373,13 @@ class Plamo2LM(TemplateLM):
             max_batch = self.batch_size
             if max_batch == AUTO and self.max_batch_size:
                 max_batch = self._auto_slots(max(len(p) + n for p, n in zip(truncated, limits, strict=True)))
+        start = time.perf_counter()
         generation = self.runtime.generate(
             truncated, limits[0] if len(set(limits)) == 1 else limits, eos_token_ids=self.stop_ids,
             temperature=settings.temperature, top_p=settings.top_p, seed=self.seed, stop=watcher,
             max_batch=max_batch, request_keys=keys, on_finish=on_finish,
         )  # fmt: skip
+        timeline.add("generate", time.perf_counter() - start)
         if generation.slots:
             self.batch_sizes["generate_until"] = generation.slots
         return [finish_text(tokens, self.stop_ids, self.decode, settings.until) for tokens in generation.tokens]

@@ -8,7 +8,8 @@ registers, accumulating in float32 in a fixed order, so results are deterministi
 cores: one FMA per weight element, far below what the memory delivers.
 
 Used by `triton_ops.linear` for CUDA inputs of one row; everything else goes to cuBLAS
-(F.linear).  The configurations are autotuned per (N, K) and kept between runs (cache_results).
+(F.linear).  The configurations are autotuned per (N, K), seeded first from the card's shipped
+table (kernels/tuned.py) and kept between runs (cache_results).
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from . import tuned
+
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 # One row: the decode step of one sequence.  Two or more rows go to cuBLAS: measured on an H200
 # (reports/e2e/session3/bench_runtime_1b.json) a multi-row variant of this kernel lost badly (2.3k
@@ -28,14 +31,14 @@ _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 # (PLAMO2_GEMV=0 turns this kernel off: `python -m bench throughput` run with and without it).
 GEMV_MAX_M = 1
 
-if _INTERPRET:  # one config: multi-config autotune needs a GPU driver
-    _CONFIGS = [triton.Config({"BLOCK_N": 4, "BLOCK_K": 64}, num_warps=1)]
-else:
-    _CONFIGS = [
-        triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w, num_stages=st)
-        for bn, bk, w, st in ((4, 1024, 4, 3), (8, 512, 4, 3), (8, 1024, 8, 3), (16, 512, 8, 3), (16, 256, 4, 4),
-                              (32, 256, 8, 3), (2, 2048, 4, 3))
-    ]  # fmt: skip
+# What the autotuner chooses from on a GPU (a card's tuned table may only name one of these).
+GPU_CONFIGS = [
+    triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w, num_stages=st)
+    for bn, bk, w, st in ((4, 1024, 4, 3), (8, 512, 4, 3), (8, 1024, 8, 3), (16, 512, 8, 3), (16, 256, 4, 4),
+                          (32, 256, 8, 3), (2, 2048, 4, 3))
+]  # fmt: skip
+# One config under the interpreter: multi-config autotune needs a GPU driver.
+_CONFIGS = [triton.Config({"BLOCK_N": 4, "BLOCK_K": 64}, num_warps=1)] if _INTERPRET else GPU_CONFIGS
 _CACHE_RESULTS = {"cache_results": True} if "cache_results" in inspect.signature(triton.autotune).parameters else {}
 
 
@@ -77,6 +80,8 @@ def gemv(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     def grid(meta: dict) -> tuple[int]:
         return (triton.cdiv(N, meta["BLOCK_N"]),)
 
+    if x.is_cuda:
+        tuned.seed_once(_gemv_kernel, "gemv", x.device)
     _gemv_kernel[grid](x, w, y, N, K, w.stride(0))
     return y
 
@@ -86,3 +91,8 @@ def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     if x.is_cuda and x.dim() == 2 and x.shape[0] == 1 and w.dtype == x.dtype and not _INTERPRET and enabled():
         return gemv(x, w)
     return F.linear(x, w)
+
+
+def gemv_autotuner() -> triton.runtime.Autotuner:
+    """The GEMV's Triton autotuner (its decisions go into a card's tuned table: kernels/tuned.py)."""
+    return _gemv_kernel

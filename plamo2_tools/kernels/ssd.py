@@ -33,12 +33,13 @@ import inspect
 import os
 import warnings
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import triton
 import triton.language as tl
 
-from plamo2_tools.kernels import compile_watch
+from plamo2_tools.kernels import compile_watch, tuned
 from plamo2_tools.kernels.triton_math import dot, silu, softplus
 from plamo2_tools.kernels.tune_cache import TuneCache, key_of
 from plamo2_tools.version import __version__
@@ -222,6 +223,7 @@ _OUT_CONFIGS = [
     (64, 32, 128, 8, 3),
 ]
 _OUT_CONFIGS_F32 = [(32, 64, 64, 4, 2)]  # fp32 inputs (exact "ieee" dots): tests only
+GPU_OUT_CONFIGS = {"ssd_chunk_output": list(_OUT_CONFIGS), "ssd_chunk_output_f32": list(_OUT_CONFIGS_F32)}
 if _INTERPRET:  # one config (multi-config autotune needs a GPU driver); few, large-ish blocks
     _OUT_CONFIGS = _OUT_CONFIGS_F32 = [(32, 32, 32, 4, 1)]
 
@@ -309,6 +311,12 @@ def _autotuned(configs: list[tuple[int, int, int, int, int]]):
 
 _chunk_output_kernel = _autotuned(_OUT_CONFIGS)
 _chunk_output_kernel_f32 = _autotuned(_OUT_CONFIGS_F32)
+
+
+def output_autotuner(f32: bool = False) -> triton.runtime.Autotuner:
+    """The output kernel's Triton autotuner (bf16/fp16 inputs, or fp32): its decisions go into a
+    card's tuned table (kernels/tuned.py)."""
+    return _chunk_output_kernel_f32 if f32 else _chunk_output_kernel
 
 
 def _state_tiles(device: torch.device, P: int, N: int, programs: int) -> tuple[int, int]:
@@ -452,6 +460,8 @@ def _launch_output(w: _Scan) -> None:
     def grid(meta):
         return (w.slots * triton.cdiv(w.Q, meta["BLOCK_M"]), triton.cdiv(P, meta["BLOCK_P"]), H)
 
+    if w.x.is_cuda:
+        tuned.seed_once(kernel, "ssd_chunk_output_f32" if w.dot_f32 else "ssd_chunk_output", w.x.device)
     kernel[grid](
         w.x, zz, w.B, w.C, w.D, w.states, w.acum, w.delta, w.bounds, w.y,
         H, P, N, T, w.x.stride(0), w.x.stride(1), zz.stride(0), zz.stride(1),
@@ -481,6 +491,7 @@ AUTO_CHOICES: tuple[tuple[str, int], ...] = (
     ("parallel", 256),
 )
 _auto: dict[tuple, tuple[str, int]] = {}
+measured: dict[str, list[Any]] = {}  # cache key -> [variant, Q], measured on this machine (measured_choices)
 
 
 def _auto_key(x: torch.Tensor, B: torch.Tensor, z, init, cu: torch.Tensor) -> tuple:
@@ -582,7 +593,13 @@ def auto_choice(args: tuple) -> tuple[str, int]:
     if _INTERPRET or x.device.type != "cuda" or torch.cuda.is_current_stream_capturing():
         return AUTO_CHOICES[0]
     cache, ckey = _tune_cache(x.device), key_of(key[:-1])  # the device is the cache's identity
-    known = cache.get(ckey, _known_choice)
+    known = cache.get(ckey, _known_choice)  # measured on this machine, by this software
+    if known is not None:
+        measured[ckey] = list(known)  # this card's own measurement: a table made here may keep it
+    else:  # the card's shipped table, at the nearest token / sequence bucket
+        table = tuned.table_for(tuned.current_card(x.device))
+        shipped = table.entries("ssd_chunk_scan") if table is not None else {}
+        known = tuned.nearest_choice(shipped, key[:-1], _known_choice)
     if known is not None:
         _auto[key] = (known[0], int(known[1]))
         return _auto[key]
@@ -601,8 +618,15 @@ def auto_choice(args: tuple) -> tuple[str, int]:
     if not times:
         raise RuntimeError("ssd_chunk_scan: no (variant, chunk size) choice runs on this device")
     _auto[key] = min(times, key=times.__getitem__)
+    measured[ckey] = list(_auto[key])
     cache.put(ckey, list(_auto[key]))
     return _auto[key]
+
+
+def measured_choices() -> dict[str, list[Any]]:
+    """The picks measured on this machine, timed by this process or read back from its tuning
+    cache (what `warmup --tuned-out` writes into a card's table; never those taken from a table)."""
+    return dict(measured)
 
 
 def ssd_chunk_scan(

@@ -23,14 +23,14 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-import numpy as np
-
-from .. import numerics
 from ..dtypes import FLOAT32, DType, as_dtype, dtype_name
 from ..errors import LayoutError
 from ..parallel import Mapping
+
+if TYPE_CHECKING:  # numpy (and numerics) on first use: reading a manifest needs neither (issue 33)
+    import numpy as np
 
 
 @dataclass(frozen=True)
@@ -396,6 +396,8 @@ def apply_values(x: np.ndarray, src: DType, transforms: tuple[Transform, ...], d
     after a final cast).  The same rounding as `apply_transforms`, bit for bit (numerics.py); the
     few casts numpy has no exact rounding for (to float8, float64 to a 16-bit float) go through
     torch, imported only then."""
+    from .. import numerics
+
     try:
         return _apply_values(x, src, transforms, dtype)
     except NotImplementedError:
@@ -403,6 +405,10 @@ def apply_values(x: np.ndarray, src: DType, transforms: tuple[Transform, ...], d
 
 
 def _apply_values(x: np.ndarray, src: DType, transforms: tuple[Transform, ...], dtype: DType) -> np.ndarray:
+    import numpy as np
+
+    from .. import numerics
+
     cur = src
     for t in transforms:
         if t.name == "cast":
@@ -420,6 +426,8 @@ def _apply_values(x: np.ndarray, src: DType, transforms: tuple[Transform, ...], 
 def invert_values(x: np.ndarray, src: DType, transforms: tuple[Transform, ...], dtype: DType) -> np.ndarray:
     """Output values -> source values (exact for pure reshards, within rounding otherwise); torch
     where numpy has no exact rounding, as in `apply_values`."""
+    from .. import numerics
+
     try:
         return _invert_values(x, src, transforms, dtype)
     except NotImplementedError:
@@ -427,6 +435,10 @@ def invert_values(x: np.ndarray, src: DType, transforms: tuple[Transform, ...], 
 
 
 def _invert_values(x: np.ndarray, src: DType, transforms: tuple[Transform, ...], dtype: DType) -> np.ndarray:
+    import numpy as np
+
+    from .. import numerics
+
     cur = src
     for t in reversed(transforms):
         if t.name == "neg_exp_f32":

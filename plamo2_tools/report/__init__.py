@@ -27,6 +27,7 @@ from . import (
     bench_e2e,
     bench_kernels,
     bench_serving,
+    bench_startup,
     bench_throughput,
     checks,
     exports,
@@ -44,6 +45,7 @@ from .inputs import (
     BENCH_FUZZ,
     BENCH_KERNELS,
     BENCH_SERVING,
+    BENCH_STARTUP,
     BENCH_THROUGHPUT,
     BENCH_TOKENIZER,
     CHECK,
@@ -77,6 +79,7 @@ SECTIONS: list[tuple[tuple[str, ...], str, Renderer]] = [
     ((BENCH_SERVING,), "Server under load", bench_serving.render),
     ((BENCH_ACCURACY,), "GSM8K offline", bench_accuracy.render),
     ((BENCH_E2E,), "The README's commands from the shell", bench_e2e.render),
+    ((BENCH_STARTUP,), "Start-up and one-time costs", bench_startup.render),
     (
         (VLLM_COMPAT, VLLM_FORWARD, BENCH_TOKENIZER, KILL_RESUME, BENCH_FUZZ, MUTANTS),
         "Compatibility and robustness",

@@ -30,12 +30,16 @@ from ..kinds import (
     BENCH_EXPORT_MLX_KIND,
     BENCH_FUZZ_KIND,
     BENCH_KERNELS_KIND,
+    BENCH_LM_EVAL_PARTS_KIND,
+    BENCH_LOAD_KIND,
     BENCH_RUNTIME_KIND,
     BENCH_SCHEMA_VERSION,
     BENCH_SERVE_KIND,
     BENCH_SERVING_KIND,
+    BENCH_STARTUP_KIND,
     BENCH_THROUGHPUT_KIND,
     BENCH_TOKENIZER_KIND,
+    BENCH_TUNE_KIND,
     CHECK_KIND,
     CONVERT_KIND,
     EVAL_KIND,
@@ -66,6 +70,7 @@ BENCH_THROUGHPUT = "bench-throughput"
 BENCH_SERVING = "bench-serving"
 BENCH_ACCURACY = "bench-accuracy"
 BENCH_E2E = "bench-e2e"
+BENCH_STARTUP = "bench-startup"  # start-up and one-time costs (issue 33): startup, load, lm-eval parts, tune
 CONVERT = "convert"
 CHECK = "check"
 INSPECT = "inspect"
@@ -88,6 +93,7 @@ KINDS = (
     BENCH_SERVING,
     BENCH_ACCURACY,
     BENCH_E2E,
+    BENCH_STARTUP,
     VLLM_COMPAT,
     VLLM_FORWARD,
     BENCH_TOKENIZER,
@@ -139,6 +145,10 @@ SCHEMAS: dict[str, Schema] = {
     KILL_RESUME_KIND: Schema(KILL_RESUME, (1,), {"trials": list, "all_identical": bool}),
     BENCH_FUZZ_KIND: Schema(BENCH_FUZZ, (1,), {"targets": dict, "inputs": int, "contract_broken": int}),
     MUTANTS_KIND: Schema(MUTANTS, (1,), {"mutants": list, "total": int, "caught": int}),
+    BENCH_STARTUP_KIND: Schema(BENCH_STARTUP, (1,), {"cases": list}),
+    BENCH_LOAD_KIND: Schema(BENCH_STARTUP, (1,), {"kinds": dict}),
+    BENCH_LM_EVAL_PARTS_KIND: Schema(BENCH_STARTUP, (1,), {"parts_seconds": dict}),
+    BENCH_TUNE_KIND: Schema(BENCH_STARTUP, (SUITE,), {"table": dict}),
     EXPORT_MLX_KIND: Schema(EXPORT_MLX, (1, 3), {"model_type": str, "known_differences": list}),
     EXPORT_FP8_KIND: Schema(EXPORT_FP8, (1, 3), {"format": str, "quantized": list}),
     BENCH_EXPORT_MLX_KIND: Schema(BENCH_EXPORT_MLX, (1,), {"presets": dict}),

@@ -204,6 +204,13 @@ class PlamoTokenizerNative(PreTrainedTokenizer):
             "utf-8", errors="replace"
         )
 
+    def decode_kept(self, token_ids: Sequence[int]) -> str:
+        """`decode(ids, skip_special_tokens=False, spaces_between_special_tokens=False,
+        clean_up_tokenization_spaces=False)`, the text vLLM shows, without transformers' wrapper
+        around `_decode` (half the cost: the runtime's stop-string watcher decodes a window of every
+        sequence every few steps, issue 33)."""
+        return self._decode(token_ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
     def _decode(
         self,
         token_ids: int | Sequence[int],

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import EnvironmentLimitError, Plamo2Error, UserError
-from .hf import PlamoTokenizerNative, model_vocab_size_of, plamo_family_of
+
+if TYPE_CHECKING:  # transformers is imported when a tokenizer is loaded, not to refuse a path
+    from .hf import PlamoTokenizerNative
 
 
 def has_plamo_vocab(path: str | Path) -> bool:
@@ -36,6 +38,8 @@ def load_native(path: str | Path, flavour: str | None = None) -> PlamoTokenizerN
     special_tokens_map.json (read by transformers, as for the checkpoint's own class); `flavour`
     where tokenizer_config.json names no PLaMo class (default "plamo2")."""
     import transformers
+
+    from .hf import PlamoTokenizerNative, model_vocab_size_of, plamo_family_of
 
     transformers.logging.set_verbosity_error()
     directory = Path(path)

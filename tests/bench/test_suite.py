@@ -102,6 +102,12 @@ def test_e2e_writes_the_envelope_and_the_report_renders_it(cli, tmp_path: Path) 
     ]
     assert all(r["rc"] == 0 and r["wall_s"] > 0 for r in records)
     assert [r["fresh"] for r in records] == [True] * 4 + [False] * 4
+    # each command's own split came back beside its wall (seen failing without PLAMO2_TIMELINE_DIR in e2e's env)
+    assert all(
+        r["timeline"]["now"] > 0 and "command" in r["timeline"]["marks"]
+        for r in records
+        if r["step"] in ("inspect", "check")
+    )
     assert classify(data) == ("bench-e2e", "")
     report = tmp_path / "report.md"
     cli("report", out, "--out", report)

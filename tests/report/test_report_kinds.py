@@ -74,6 +74,9 @@ SCRIPTS = {  # script -> (kind constant, version constant) as it names them
     "kill_resume.py": ("KIND", "SCHEMA_VERSION"),
     "tokenizer.py": ("KIND", "SCHEMA_VERSION"),
     "mutants.py": ("KIND", "SCHEMA_VERSION"),
+    "startup.py": ("KIND", "SCHEMA_VERSION"),
+    "load.py": ("KIND", "SCHEMA_VERSION"),
+    "lm_eval_parts.py": ("KIND", "SCHEMA_VERSION"),
     "export_fp8.py": ("KIND", "SCHEMA_VERSION"),
     "export_mlx.py": ("KIND", "SCHEMA_VERSION"),
 }
@@ -83,6 +86,9 @@ SCRIPT_KINDS = {  # what kinds.py says they write
     "kill_resume.py": (kinds.KILL_RESUME_KIND, kinds.KILL_RESUME_SCHEMA_VERSION),
     "tokenizer.py": (kinds.BENCH_TOKENIZER_KIND, kinds.BENCH_TOKENIZER_SCHEMA_VERSION),
     "mutants.py": (kinds.MUTANTS_KIND, kinds.MUTANTS_SCHEMA_VERSION),
+    "startup.py": (kinds.BENCH_STARTUP_KIND, kinds.BENCH_STARTUP_SCHEMA_VERSION),
+    "load.py": (kinds.BENCH_LOAD_KIND, kinds.BENCH_LOAD_SCHEMA_VERSION),
+    "lm_eval_parts.py": (kinds.BENCH_LM_EVAL_PARTS_KIND, kinds.BENCH_LM_EVAL_PARTS_SCHEMA_VERSION),
     "export_fp8.py": (kinds.BENCH_EXPORT_FP8_KIND, kinds.BENCH_EXPORT_FP8_SCHEMA_VERSION),
     "export_mlx.py": (kinds.BENCH_EXPORT_MLX_KIND, kinds.BENCH_EXPORT_MLX_SCHEMA_VERSION),
 }

@@ -99,6 +99,20 @@ def test_generate_with_graphs_equals_eager(gpu_shards) -> None:
     assert [len(t) for t in graphs] == limits
 
 
+def test_graphs_captured_lazily_as_the_tail_drains(gpu_shards) -> None:
+    """Issue 33: the pool's bucket is captured at the start, each smaller one when the tail first
+    needs it, with sequences still decoding in its rows; the tokens are the eager run's
+    (tests/runtime/test_lazy_graphs.py checks the same logic on the CPU with a stand-in backend)."""
+    limits = [12, 4, 20, 2, 9, 15, 30, 37]
+    with Runtime(gpu_shards, device="cuda", backend=BACKEND) as rt:
+        seqs = prompts(rt.config.vocab_size, [3, 30, 9, 17, 1, 45, 12, 6], seed=5)
+        lazy = rt.generate(seqs, limits, max_batch=4).tokens
+        captured = list(rt.engines[0].decode_runner.captured)
+    with Runtime(gpu_shards, device="cuda", backend=BACKEND, cuda_graph=False) as rt:
+        assert rt.generate(seqs, limits, max_batch=4).tokens == lazy
+    assert captured[0] == (4, "greedy") and len(captured) > 1, captured
+
+
 def test_online_loop_with_graphs_equals_eager(gpu_shards) -> None:
     """Mixed greedy / sampled requests arriving while the loop runs: one graph per bucket and
     sampling mode on CUDA gives the tokens of the eager loop."""

@@ -168,3 +168,23 @@ def test_ids_go_through_the_added_tokens_like_plamos_string_round_trip(tokdir: P
     for split in (False, True):
         tok = PlamoTokenizerNative(vocab, added_tokens_decoder=moved, split_special_tokens=split)
         assert tok(CONTROL_TOKENS[4] + "a", add_special_tokens=False)["input_ids"][0] == 9
+
+
+def test_decode_kept_is_transformers_decode_with_specials_kept(tokdir: Path) -> None:
+    """The runtime's fast path (issue 33) gives transformers' own text for vLLM's settings: random
+    ids over the rows, the control tokens, an added special token and ids without a row.  Seen
+    failing with clean-up on (`clean_up_tokenization_spaces=True` inside `decode_kept`)."""
+    from plamo2_tools.runtime.serving.text import decode_kept_specials
+
+    tok = load_native(tokdir)
+    tok.add_tokens(["<extra>"], special_tokens=True)
+    rng = random.Random(3)
+    ids = [[rng.randrange(0, 1200) for _ in range(rng.randrange(1, 80))] for _ in range(400)]
+    ids += [[tok.convert_tokens_to_ids("<extra>"), 5, 1, 2], [0, 1, 2, 3, 4], []]
+    texts = [*TEXTS, "I do n't know . Really ? Yes , it 's"]  # what transformers' clean-up rewrites
+    ids += [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
+    fast = decode_kept_specials(tok)
+    for row in ids:
+        want = tok.decode(row, skip_special_tokens=False, spaces_between_special_tokens=False,
+                          clean_up_tokenization_spaces=False)  # fmt: skip
+        assert tok.decode_kept(row) == want and fast(row) == want, row

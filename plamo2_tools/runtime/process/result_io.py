@@ -16,11 +16,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import sys
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-import torch
-from safetensors.torch import load_file, save_file
+if TYPE_CHECKING:  # torch is imported where a tensor is written or read: registering a type needs none
+    import torch
 
 T = TypeVar("T")
 # "name" -> class, for dataclasses a job may return (`@result_type`).  An explicit list, so a result
@@ -51,6 +52,8 @@ def save_result(result: Any, path: Path) -> None:
     tensors: dict[str, torch.Tensor] = {}
     tree = _encode(result, tensors)
     if tensors:
+        from safetensors.torch import save_file
+
         save_file(tensors, str(tensors_path(path)))
     partial = path.with_name(path.name + ".partial")
     partial.write_text(json.dumps(tree), encoding="utf-8")
@@ -60,13 +63,18 @@ def save_result(result: Any, path: Path) -> None:
 def load_result(path: Path) -> Any:
     tree = json.loads(path.read_text(encoding="utf-8"))
     where = tensors_path(path)
-    return _decode(tree, load_file(str(where)) if where.exists() else {})
+    if not where.exists():
+        return _decode(tree, {})
+    from safetensors.torch import load_file
+
+    return _decode(tree, load_file(str(where)))
 
 
 def _encode(value: Any, tensors: dict[str, torch.Tensor]) -> Any:
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
-    if isinstance(value, torch.Tensor):
+    torch = sys.modules.get("torch")  # not imported: nothing here can be a tensor
+    if torch is not None and isinstance(value, torch.Tensor):
         key = f"t{len(tensors)}"
         # clone: safetensors refuses tensors that share storage (views of one buffer)
         tensors[key] = value.detach().cpu().contiguous().clone()

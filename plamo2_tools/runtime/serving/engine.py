@@ -20,6 +20,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ... import timeline
 from ...errors import UserError
 from ...kernels import get_ops
 from ...model import family_of
@@ -31,7 +32,7 @@ from ..rank.comm import DistComm, ProcessRanks, open_ranks, process_mode, shutdo
 from ..rank.weights import load_rank_weights
 from .core import RankCore
 from .generation import GenerateOptions, GenerationLoop, Intake, LoopStats, OnUpdates, make_requests
-from .graphs import DecodeRunner
+from .graphs import DecodeRunner, GraphBackend
 from .memory import BatchPlan, device_budget, plan_batch, rank_bytes
 from .sampling import MODES, mode_of
 from .scheduler import Scheduler, Update
@@ -75,17 +76,19 @@ class RankEngine(RankCore):
         cuda_graph: bool = True,
         prefill_tokens: int | None = None,
         forward_options: dict[str, Any] | None = None,
+        verify_files: bool = True,
     ) -> None:
         info = comm.info
         cfg = manifest.config
         ops = get_ops(backend, device)
-        weights = load_rank_weights(manifest, info.rank, device)
+        weights = load_rank_weights(manifest, info.rank, device, verify=verify_files)  # digests taken as it copies
         model = family_of(cfg).rank_model(
             cfg, manifest.mapping.stages[info.pp_rank], weights, ops, comm, dtype=manifest.activation_dtype.torch,
             **(forward_options or {}),
         )  # fmt: skip
         super().__init__(model, cfg, comm, device, ops, prefill_chunk, cuda_graph, prefill_tokens)
         self.decode_runner: DecodeRunner | None = None
+        self.graph_backend: GraphBackend | None = None  # None: CUDA graphs where possible (graphs.py)
         self.stats = LoopStats()  # summed over every generation loop of this rank
         self.last_plan: BatchPlan | None = None  # the last max_batch="auto" decision
         self.serving_stats = LoopStats()  # the current (or last) online loop's
@@ -309,7 +312,7 @@ class RankEngine(RankCore):
         """The decode slot pool (and its graphs), kept between calls while it is big enough."""
         if self.decode_runner is None or not self.decode_runner.fits(slots, capacity):
             self.decode_runner = None  # free the old pool first
-            self.decode_runner = DecodeRunner(self, slots, capacity, self.cuda_graph)
+            self.decode_runner = DecodeRunner(self, slots, capacity, self.cuda_graph, self.graph_backend)
         return self.decode_runner
 
 
@@ -338,6 +341,7 @@ class Runtime:
         family's choices for its forward (`Family.runtime_options`, e.g. PLaMo 3's window
         convention); `memory_budget` (bytes) replaces the device's free memory in
         `max_batch="auto"` (see `memory`)."""
+        timeline.mark("load_start")
         self.manifest = load_manifest(shards)
         self.memory_budget = memory_budget
         self.batch_plan: BatchPlan | None = None  # the last "auto" decision
@@ -349,15 +353,18 @@ class Runtime:
         mapping = self.manifest.mapping
         self.mode = process_mode(mode)
         self._tokenizer: Any = None
-        # The files this process loads, against the manifest, before any is used (shards/integrity.py).
-        verify_shard_files(self.manifest, ProcessRanks.own(self.mode, mapping.world_size), digests=verify_files)
+        # The files this process loads, against the manifest, before any is read (shards/integrity.py):
+        # side files, presence, headers; their digests are taken from the loaded bytes while they
+        # are loaded (rank/weights.py), and a mismatch refuses the load there.
+        verify_shard_files(self.manifest, ProcessRanks.own(self.mode, mapping.world_size), digests=False)
         ranks = open_ranks(self.mode, mapping.tp, mapping.pp, device, str(shards))
         self.rank, self.world = ranks.rank, ranks.world
         self.engines = [
             RankEngine(self.manifest, comm, ranks.device, backend, prefill_chunk, cuda_graph, prefill_tokens,
-                       self.forward_options)
+                       self.forward_options, verify_files)
             for comm in ranks.comms
         ]  # fmt: skip
+        timeline.mark("load_end")
 
     @property
     def dtype(self) -> torch.dtype:

@@ -414,9 +414,10 @@ class GenerationLoop:
     # ---- decode ----------------------------------------------------------------------------------
     def _decode_step(self, mode: str) -> None:
         sched = self.sched
-        B = self.runner.bucket(sched.high_water())
+        high = sched.high_water()
+        B = self.runner.bucket(high)
         owners = [o if o is not None and sched.requests[o].issuing else None for o in sched.slot_owner[:B]]
-        nxt, logits = self.runner.step(B, mode)
+        nxt, logits = self.runner.step(B, mode, live=high)
         st = self.stats
         st.decode_steps += 1
         st.decode_rows += B

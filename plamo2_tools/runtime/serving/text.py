@@ -80,7 +80,11 @@ def max_piece_chars(tokenizer: Any) -> int | None:
 
 
 def decode_kept_specials(tokenizer: Any) -> Decode:
-    """vLLM's output text: special tokens kept, no spaces between them, no clean-up."""
+    """vLLM's output text: special tokens kept, no spaces between them, no clean-up (the native
+    tokenizer's `decode_kept` where it has one: the same text, faster)."""
+    fast = getattr(tokenizer, "decode_kept", None)
+    if callable(fast):
+        return lambda ids: fast(list(ids))
 
     def decode(ids: Sequence[int]) -> str:
         return tokenizer.decode(
