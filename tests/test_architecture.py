@@ -135,6 +135,18 @@ def test_nothing_but_the_commands_imports_serve() -> None:
     assert not users, users
 
 
+def test_export_is_imported_by_the_commands_alone() -> None:
+    """export/ writes other runtimes' formats from a checkpoint: it stands on the model, the shard
+    format's lock, the tokenizer, deploy/ (the target its verification runs) and the foundation,
+    and only the commands import it."""
+    users = {
+        m for m, deps in FILES.items() if any(_unit(d) == "export" for d in deps) and _unit(m) not in ("export", "cli")
+    }
+    assert not users, users
+    allowed = FOUNDATION | LEAVES | {"model", "shards", "deploy"}
+    assert GRAPH.get("export", set()) <= allowed, GRAPH.get("export", set()) - allowed
+
+
 def test_serve_is_a_consumer_of_the_runtime_like_eval() -> None:
     """serve/ stands on the runtime and the foundation, never on eval, convert, verify or the cli;
     its HTTP layer (app, handlers, protocol, ...) needs no runtime at all: only the engine over the

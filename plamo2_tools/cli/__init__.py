@@ -16,7 +16,7 @@ import typer
 from rich.logging import RichHandler
 
 from .. import __version__
-from . import checkpoints, evaluate, export, reports, run, serve, shards
+from . import checkpoints, evaluate, export, gguf, reports, run, serve, shards
 from .console import err, out
 from .errors import OneLineErrors, handle_errors
 
@@ -59,6 +59,7 @@ COMMANDS = (
     ("check", shards.check),
     ("demo", run.demo),
     ("verify", run.verify),
+    ("kld-base", gguf.kld_base),
     ("generate", run.generate),
     ("serve", serve.serve),
     ("eval", evaluate.eval_shards),

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 
     from ..parallel import Mapping
     from .forward import Comm, RankModel
+    from .gguf import GGUFArch
 
 
 class ModelConfig(Protocol):
@@ -76,6 +77,9 @@ class Family:
     head_name: ClassVar[str] = "lm_head.weight"
     # The tensor whose dtype is the activation dtype of a converted model (older manifests).
     activation_tensor: ClassVar[str] = "mlp.gate_up_proj.weight"
+    # What the family is as a GGUF file for llama.cpp (model/<family>/gguf.py; None: no llama.cpp
+    # architecture for it): names, metadata, what llama.cpp's graph does differently.
+    gguf: ClassVar[GGUFArch | None] = None
 
     # ---- config --------------------------------------------------------------------------------
     def matches(self, raw: dict[str, Any]) -> bool:

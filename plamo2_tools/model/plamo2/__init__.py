@@ -12,6 +12,7 @@ from ..family import Family, Variant
 from ..layout import kind_of, layer_of
 from . import tensors as table
 from .config import FINAL_NORM_OFFSET, NORM_OFFSETS, Plamo2Config
+from .gguf import GGUF
 from .presets import PRESETS, TINY_PRESETS
 
 PLAMO2_1 = Variant(
@@ -29,6 +30,7 @@ class Plamo2Family(Family):
     config_class = Plamo2Config
     tensors = table.TENSORS
     extras = table.VLLM_EXTRAS
+    gguf = GGUF
     presets = PRESETS
     tiny_presets = TINY_PRESETS
     kind_names = {"mamba": "Mamba", "attention": "attention"}

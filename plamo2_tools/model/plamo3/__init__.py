@@ -19,6 +19,7 @@ from ..family import Family, Variant
 from ..layout import block, layer_of
 from . import tensors as table
 from .config import FINAL_NORM_OFFSET, FULL, NORM_OFFSETS, QK_NORM_OFFSET, Plamo3Config
+from .gguf import GGUF
 from .presets import PRESETS, TINY_PRESETS
 
 WINDOW_CONVENTIONS = ("hf", "vllm")
@@ -32,6 +33,7 @@ class Plamo3Family(Family):
     config_class = Plamo3Config
     tensors = table.TENSORS
     extras = table.VLLM_EXTRAS
+    gguf = GGUF
     presets = PRESETS
     tiny_presets = TINY_PRESETS
     kind_names = {FULL: "full attention", "sliding_attention": "sliding-window attention"}
