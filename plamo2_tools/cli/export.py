@@ -4,11 +4,11 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
-from ..errors import UserError
+from ..errors import CheckFailed, UserError
 from .console import byte_progress, print_json
 from .console import out as out_console
 from .errors import OneLineErrors, handle_errors
@@ -73,9 +73,17 @@ def gguf(
                              progress=progress, on_plan=progress.start)  # fmt: skip
     if as_json:
         print_json(result.summary())
-        return
+    else:
+        _print_gguf(result, out, side_file(out))
+    if result.diverged():
+        from ..export.gguf_verify import describe
+
+        raise CheckFailed(f"{out}: written, but {describe(result.verify)}")
+
+
+def _print_gguf(result: Any, out: Path, side: Path) -> None:
     out_console.print(f"wrote {out} ({result.type}, {result.tensors} tensors, {result.bytes / 1e6:.1f} MB) in "
-                      f"{result.seconds:.1f} s; record: {side_file(out)}", highlight=False)  # fmt: skip
+                      f"{result.seconds:.1f} s; record: {side}", highlight=False)  # fmt: skip
     for note in result.notes:
         out_console.print(f"note: {note}", highlight=False)
     if result.verify is not None:

@@ -24,11 +24,16 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import CheckpointError, EnvironmentLimitError, UserError
+from ..errors import CheckFailed, CheckpointError, EnvironmentLimitError, UserError
 from ..model.registry import family_of, load_config
 from .target import Continuation, Scores
 
 PLAMO_EOT_PIECE = "<|plamo:op|>"
+# What llama.cpp does with a PLaMo 2 GGUF whose layer 0 has head count 0 (every file llama.cpp's own
+# converter writes; model/plamo2/gguf.py, ROPE_FIX): measured with llama-cpp-python 0.3.36.
+NO_ROPE = ("n_rot = 0: llama.cpp takes the RoPE size from layer 0's head count, 0 on a Mamba layer; this "
+           "llama.cpp (llama-cpp-python 0.3.36, CPU) then never finishes a forward, older ones run without RoPE. "
+           "Re-export with plamo2-tools (head_count[0] set) to run it")  # fmt: skip
 
 
 # ---- the metadata lint --------------------------------------------------------------------------
@@ -122,19 +127,24 @@ def _family_lint(meta: dict[str, Any], cfg: Any, a: str, family: str) -> list[Fi
     kv = meta.get(f"{a}.attention.head_count_kv")
     if family == "plamo2":
         kinds = cfg.layer_kinds
-        want_q = [0 if k == "mamba" else cfg.num_attention_heads for k in kinds]
         want_kv = [0 if k == "mamba" else cfg.num_key_value_heads for k in kinds]
-        if heads != want_q or kv != want_kv:
-            found.append(Finding(f"{a}.attention.head_count(_kv)", [heads, kv], [want_q, want_kv],
-                                 "llama.cpp decides which layers are Mamba (head count 0) from these"))  # fmt: skip
+        # a Mamba layer's q head count is 0 (the converter) or the attention count (our RoPE fix on layer 0)
+        q_ok = (
+            isinstance(heads, list)
+            and len(heads) == len(kinds)
+            and all(
+                h == cfg.num_attention_heads or (k == "mamba" and h == 0) for h, k in zip(heads, kinds, strict=True)
+            )
+        )
+        if kv != want_kv or not q_ok:
+            why = "llama.cpp decides which layers are Mamba (head_count_kv 0) and their heads from these"
+            found.append(Finding(f"{a}.attention.head_count(_kv)", [heads, kv], want_kv, why))
         head_dim, theta = cfg.hidden_size_per_head, cfg.rope_theta
         key = meta.get(f"{a}.attention.key_length")
         if key != head_dim:
             found.append(Finding(f"{a}.attention.key_length", key, head_dim, "another head size"))
         if isinstance(heads, list) and heads and heads[0] == 0:
-            found.append(Finding(f"{a}.rope.dimension_count", 0, head_dim,
-                                 "llama.cpp derives n_rot from layer 0's head count (0: a Mamba layer), so n_rot = 0 "
-                                 "and RoPE rotates nothing; the reference rotates every head dimension"))  # fmt: skip
+            found.append(Finding(f"{a}.rope.dimension_count", 0, head_dim, NO_ROPE))
         for key, want, what in ((f"{a}.ssm.state_size", cfg.mamba_d_state, "Mamba state size"),
                                 (f"{a}.ssm.conv_kernel", cfg.mamba_d_conv, "Mamba convolution width"),
                                 (f"{a}.ssm.time_step_rank", cfg.mamba_num_heads, "Mamba head count"),
@@ -190,6 +200,39 @@ def _yarn_lint(meta: dict[str, Any], cfg: Any, a: str) -> list[Finding]:
 
 
 # ---- the target ----------------------------------------------------------------------------------
+_LOG: list[str] = []  # llama.cpp's own log lines, kept (not printed): a load failure quotes its error
+_CALLBACK: Any = None  # the ctypes callback must outlive every call into llama.cpp
+
+
+def _capture_llama_log(llama_cpp: Any) -> None:
+    """Route llama.cpp's log into _LOG: it writes warnings to stderr even with verbose=False, and a
+    command's stderr is one line on refusal."""
+    global _CALLBACK
+    if _CALLBACK is not None:
+        return
+    import ctypes
+
+    @llama_cpp.llama_log_callback
+    def keep(level: int, text: bytes, user_data: Any) -> None:
+        line = text.decode("utf-8", "replace").strip()
+        if line:
+            _LOG.append(line)
+            del _LOG[:-200]
+
+    _CALLBACK = keep
+    llama_cpp.llama_log_set(keep, ctypes.c_void_p(0))
+
+
+def _last_error() -> str:
+    """The most telling line llama.cpp logged: its loader's reason ("error loading model: ... wrong
+    shape ..."), else the last error or failure."""
+    for marks in (("error loading",), ("error", "failed", "wrong")):
+        found = [line for line in _LOG if any(m in line.lower() for m in marks)]
+        if found:
+            return found[-1][:200]
+    return ""
+
+
 def _log_softmax(logits: np.ndarray) -> np.ndarray:
     x = logits.astype(np.float64)
     x = x - x.max(axis=-1, keepdims=True)
@@ -217,13 +260,18 @@ class GGUFTarget:
             why = "verifying a GGUF file needs llama-cpp-python (pip install 'plamo2-tools[gguf]'; bench/llama_cpp.sh)"
             raise EnvironmentLimitError(why) from None
         self._llama_cpp = llama_cpp
+        _capture_llama_log(llama_cpp)
         self.n_ctx = n_ctx
         try:
             self.llm = llama_cpp.Llama(model_path=str(path), n_ctx=n_ctx, n_batch=min(n_ctx, 512),
                                        n_ubatch=min(n_ctx, 512), logits_all=True, verbose=False,
                                        n_threads=n_threads or max(1, min(8, os.cpu_count() or 1)))  # fmt: skip
         except (ValueError, RuntimeError) as e:
-            raise CheckpointError(f"{spec}: llama.cpp cannot load it ({str(e)[:160]})") from None
+            why = _last_error() or str(e)[:160]
+            known = [f.effect for f in self.findings if f.key == "vocab"]
+            raise CheckpointError(
+                f"{spec}: llama.cpp cannot load it ({why})" + (f"; {known[0]}" if known else "")
+            ) from None
         self.vocab = int(self.llm.n_vocab())
 
     def info(self) -> dict[str, Any]:
@@ -247,6 +295,9 @@ class GGUFTarget:
 
     def _evaluate(self, seq: Sequence[int]) -> np.ndarray:
         """Logits (len(seq), V) of one sequence from an empty state."""
+        heads = self.metadata.get("plamo2.attention.head_count")
+        if self.metadata.get("general.architecture") == "plamo2" and isinstance(heads, list) and heads[:1] == [0]:
+            raise CheckFailed(f"{self.location}: not run: {NO_ROPE}")
         if len(seq) > self.n_ctx:
             raise UserError(f"{self.location}: a sequence of {len(seq)} tokens is longer than the context "
                             f"n_ctx = {self.n_ctx}")  # fmt: skip

@@ -20,11 +20,13 @@ from typing import Any
 
 import numpy as np
 
-# KL(reference ‖ llama.cpp) allowed at the worst position, by the type most tensors have.  The
-# float64 reference against llama.cpp's float32 CPU kernels: f32 measured <= 2e-9 on the tiny
-# presets (docs/export.md, "Measured"); the others are the rounding of their weights, with room.
-KL_LIMITS = {"f32": 1e-6, "f16": 1e-3, "bf16": 2e-2, "q8_0": 2e-2, "q4_0": 0.3}
-DEFAULT_KL_LIMIT = 0.3  # the llama-quantize types (k-quants, i-quants)
+# KL(reference ‖ llama.cpp) allowed at the worst position, by the file's type: about 10x the worst
+# measured on the tiny PLaMo 3 presets with llama-cpp-python 0.3.36 on CPU (f32 6e-7, f16 3e-6, bf16
+# 2e-4, q8_0 1.3e-3, q4_0 0.21; docs/export.md, "Measured"), far below what a wrong fact costs (a RoPE
+# base, a window: 1e-3 to 1e-1 from the first affected position).  Synthetic weights quantize badly:
+# q4_0 on a real model is far better than this limit.
+KL_LIMITS = {"f32": 1e-5, "f16": 5e-5, "bf16": 3e-3, "q8_0": 1.5e-2, "q4_0": 0.5}
+DEFAULT_KL_LIMIT = 0.5  # the llama-quantize types (k-quants, i-quants)
 GGUF_VERIFY_KIND = "plamo2-gguf-verify"
 
 
@@ -129,8 +131,8 @@ def describe(result: dict[str, Any]) -> str:
         return (f"llama.cpp matches the reference ({result['follows']}): mean KL {result['mean_kl']:.2e}, "
                 f"max {result['max_kl']:.2e}, top-1 {result['top1_agreement']:.3f}")  # fmt: skip
     d = result["first_divergence"]
+    limit = next(iter(result["comparisons"].values()))["kl_limit"]
     why = [f["effect"] for f in result["runtime"]["lint"] if f.get("diverges")]
     return (f"llama.cpp diverges from the reference at prompt {d['prompt']} position {d['position']} "
-            f"(KL {d['kl']:.2e} > {result['comparisons'][next(iter(result['comparisons']))]['kl_limit']:g}; "
-            f"top-1 {d['reference_token']} vs {d['target_token']}); mean KL {result['mean_kl']:.2e}"
-            + (f"; known cause: {why[0]}" if why else ""))  # fmt: skip
+            f"(KL {d['kl']:.2e} > {limit:g}; top-1 {d['reference_token']} vs {d['target_token']}); mean KL "
+            f"{result['mean_kl']:.2e}" + (f"; known causes: {' | '.join(why)}" if why else ""))  # fmt: skip

@@ -28,6 +28,8 @@ pytestmark = [pytest.mark.llama_cpp, pytest.mark.slow, needs_converter]
 # Keys we add beyond the converter's (docs/export.md, "What we add"): llama.cpp reads add_bos_token
 # (the converter leaves PLaMo without it, so llama.cpp never adds BOS); ours marks the file as ours.
 OURS = {"plamo2_tools.export", "tokenizer.ggml.add_bos_token"}
+# The one value we write differently (model/plamo2/gguf.py, ROPE_FIX): PLaMo 2's layer 0 (a Mamba
+# layer) gets the attention head count, so that llama.cpp's n_rot is the head size, not 0.
 # (preset, source dtype, files): both families, float32 and bfloat16 sources (a float16 one too:
 # the converter keeps float16 through its transforms), a checkpoint split over two files.
 SOURCES = [
@@ -86,4 +88,8 @@ def test_keys_equal_llama_cpp_converter(pairs, case: str, kind: str) -> None:
             assert mine[key][1] == value + len(OURS)
             continue
         assert mine[key][0] == types, f"{key}: value type {mine[key][0]} vs llama.cpp's {types}"
+        if key == "plamo2.attention.head_count":
+            heads = max(value)
+            assert value[0] == 0 and mine[key][1] == [heads, *value[1:]], (mine[key][1], value)
+            continue
         assert mine[key][1] == value, f"{key}: {str(mine[key][1])[:80]} vs llama.cpp's {str(value)[:80]}"

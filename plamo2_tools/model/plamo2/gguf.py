@@ -49,13 +49,25 @@ TENSORS = (
 RECIPES = {"ssm-out-f16": {"ssm_out": "f16"}}
 
 
+# llama.cpp sizes RoPE (n_rot) from layer 0's head count, and only when it is > 0
+# (src/llama-model.cpp, `if (hparams.n_head() > 0)`); layer 0 of PLaMo 2 is a Mamba layer, to which the
+# converter gives 0 heads, so n_rot = 0: llama.cpp b11318 ran every attention layer without RoPE, and
+# llama-cpp-python 0.3.36's CPU kernels never finish a forward at all (measured: an endless loop).  Which
+# layers are Mamba llama.cpp decides from head_count_kv alone (`is_recr = n_head_kv(i) == 0`), so we give
+# layer 0 the attention head count in head_count and keep head_count_kv 0: n_rot is then the head size
+# (key_length), RoPE is on, and the logits equal the reference up to the sliding window (tests/export).
+ROPE_FIX = "plamo2.attention.head_count[0] = num_attention_heads (the converter writes 0: n_rot = 0)"
+
+
 def metadata(cfg: Plamo2Config, raw: dict[str, Any]) -> list[WriterCall]:
     """`Plamo2Model.set_gguf_parameters`, call for call: it reads config.json raw, with its own
-    defaults, so these do too."""
+    defaults, so these do too; one value differs on purpose (ROPE_FIX)."""
     calls: list[WriterCall] = [("add_vocab_size", (raw["vocab_size"],))]
     if raw.get("mamba_enabled", True):
         kv = [0 if mamba else raw.get("num_key_value_heads", 4) for mamba in cfg.layer_is_mamba]
         q = [0 if mamba else raw.get("num_attention_heads", 32) for mamba in cfg.layer_is_mamba]
+        if q and cfg.layer_is_mamba[0] and not all(cfg.layer_is_mamba):
+            q[0] = raw.get("num_attention_heads", 32)  # ROPE_FIX: the one value that differs from the converter
         if kv and q:
             calls += [("add_head_count_kv", (kv,)), ("add_head_count", (q,))]
     head = raw.get("hidden_size_per_head", 128)
@@ -82,12 +94,6 @@ def runtime_notes(cfg: Plamo2Config) -> list[RuntimeNote]:
     """What llama.cpp's `plamo2` graph does differently from the reference for this config."""
     notes = []
     attention = [i for i, mamba in enumerate(cfg.layer_is_mamba) if not mamba]
-    if attention and cfg.layer_is_mamba[0]:
-        # llama-model.cpp: n_rot = n_embd_head_k only `if (hparams.n_head() > 0)`, and n_head() is
-        # layer 0's count, 0 for a Mamba layer; plamo2.cpp then ropes 0 dimensions.
-        notes.append(RuntimeNote("rope", "RoPE is off in every attention layer: llama.cpp takes n_rot from layer "
-                                 "0's head count, which is 0 on a Mamba layer (n_rot = 0), so queries and keys are "
-                                 "never rotated; the reference rotates them from position 1 on"))  # fmt: skip
     windowed = [i for i in attention if cfg.attention_window(i) is not None]
     if windowed:
         notes.append(RuntimeNote("window", f"no sliding window: llama.cpp's plamo2 attends to every earlier "
@@ -107,8 +113,13 @@ def runtime_notes(cfg: Plamo2Config) -> list[RuntimeNote]:
     return notes
 
 
+def differences(cfg: Plamo2Config) -> list[str]:
+    return [ROPE_FIX] if cfg.layer_is_mamba[0] and not all(cfg.layer_is_mamba) else []
+
+
 GGUF = GGUFArch(
     arch="plamo2",
+    differences=differences,
     tensors=TENSORS,
     metadata=metadata,
     runtime_notes=runtime_notes,

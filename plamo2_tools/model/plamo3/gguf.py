@@ -97,7 +97,7 @@ def runtime_notes(cfg: Plamo3Config) -> list[RuntimeNote]:
     if FULL in cfg.layer_types and len(set(cfg.layer_types)) > 1:
         notes.append(RuntimeNote("window", f"sliding layers see W = {cfg.window_size} keys counting the query "
                                  "(llama.cpp's standard SWA): vLLM's convention; PFN's HF code sees the query "
-                                 f"and W before it, so the two differ from position {cfg.window_size + 1} on",
+                                 f"and W before it, so the two differ from position {cfg.window_size} on",
                                  diverges=False))  # fmt: skip
     pattern = tuple(FULL if (i + 1) % cfg.sliding_window_pattern == 0 else "sliding_attention"
                     for i in range(cfg.num_hidden_layers))  # fmt: skip
