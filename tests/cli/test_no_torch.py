@@ -55,3 +55,5 @@ def test_byte_moving_commands_never_import_torch(preset: str, checkpoint, tmp_pa
     torch_free("check", tmp_path / "s2")
     ids = torch_free("tokenize", src, stdin=json.dumps("hello world") + "\n").stdout
     assert json.loads(ids.splitlines()[0])
+    # export gguf moves bytes too (its verification runs the model: --no-verify here)
+    torch_free("export", "gguf", src, tmp_path / "m.gguf", "--type", "q8_0", "--no-verify", "--json")
