@@ -156,3 +156,39 @@ def test_quantized_exports_state_their_kl_and_a_bad_recipe_is_flagged(cli, check
             expect=1)  # fmt: skip
     summary = json.loads(r.stdout)
     assert summary["tensor_types"] == ["ffn_down=q4_0"] and summary["verify"]["verdict"] == "diverges"
+
+
+def test_the_target_scores_and_continues_like_the_reference(checkpoint, tmp_path) -> None:
+    """GGUFTarget through the deploy.target protocol (Scores, Continuation) on a PLaMo 3 f32 export,
+    against the float64 reference under the vllm window convention: teacher-forced log-probs of
+    every next token, and 12 greedy tokens, which must be the reference's own greedy tokens.  Seen
+    failing with `score` taking positions start+1..n-1 (one late)."""
+    import torch
+
+    from plamo2_tools.model.checkpoint import HFCheckpoint
+
+    src, out = checkpoint("tiny3"), tmp_path / "m.gguf"
+    export_gguf(src, out, "f32", verify=False)
+    prompt = SEQS[0][:9]
+    target = GGUFTarget(str(out), reference=src, n_ctx=64)
+    try:
+        (scores,) = target.score([SEQS[0]], start=2)
+        (cont,) = target.greedy([prompt], 12)
+        assert target.tokenize("hello") is not None
+    finally:
+        target.close()
+    with HFCheckpoint(src) as ckpt:
+
+        def ref(seq: list[int]) -> torch.Tensor:
+            logits = ckpt.family.reference_logits(ckpt, [seq], torch.float64, window_convention="vllm")[0]
+            return torch.log_softmax(logits.double(), dim=-1)
+
+        lp = ref(SEQS[0])
+        want = lp[2:-1].gather(1, torch.tensor(SEQS[0][3:])[:, None])[:, 0].numpy()
+        assert scores.start == 2 and scores.logprobs.shape == (len(SEQS[0]) - 3, 700)
+        np.testing.assert_allclose(scores.token_logprobs, want, atol=3e-3)  # llama.cpp float32: measured 9e-4
+        seq = list(prompt)
+        for _ in range(12):
+            seq.append(int(ref(seq)[-1].argmax()))
+    assert cont.tokens == seq[len(prompt) :] and cont.finish_reason == "length"
+    assert len(cont.token_logprobs) == 12 and cont.logprobs.shape == (12, 700)
