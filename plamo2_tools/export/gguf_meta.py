@@ -51,6 +51,14 @@ class Vocab:
     notes: list[str] = field(default_factory=list)
 
 
+def _utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _token_type(row: list[Any]) -> int:
     kind = row[2] if len(row) > 2 else "NORMAL"
     named = {"UNKNOWN": gguf.TokenType.UNKNOWN, "CONTROL": gguf.TokenType.CONTROL, "BYTE": gguf.TokenType.BYTE}
@@ -89,7 +97,13 @@ def vocab(src: Path, vocab_size: int, arch: GGUFArch) -> Vocab:
         if not (isinstance(row, list) and len(row) >= 2 and isinstance(row[0], str)
                 and isinstance(row[1], (int, float)) and not isinstance(row[1], bool)):  # fmt: skip
             raise UserError(f"{path}: row {i} is not a [piece, score, type] array")
-    tokens = [row[0].encode("utf-8") for row in rows]
+    try:
+        tokens = [row[0].encode("utf-8") for row in rows]
+    except UnicodeEncodeError as e:  # JSON allows lone surrogates ("\ud800"), UTF-8 does not
+        bad = next(i for i, row in enumerate(rows) if not _utf8(row[0]))
+        raise UserError(
+            f"{path}: row {bad}'s piece is not valid Unicode ({e.reason}): not a PLaMo vocabulary"
+        ) from None
     scores = [float(row[1]) for row in rows]
     types = [_token_type(row) for row in rows]
     for i in range(1, vocab_size - len(tokens) + 1):

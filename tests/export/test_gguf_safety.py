@@ -190,3 +190,17 @@ def test_check_of_a_gguf_needs_the_source(cli, checkpoint, tmp_path, one_line_er
     out = tmp_path / "m.gguf"
     _export(cli, checkpoint("tiny3"), out)
     assert "--source" in one_line_error(cli("check", out, expect=2), 2)
+
+
+def test_a_vocabulary_piece_that_is_not_unicode_is_one_line(cli, checkpoint, private_copy, tmp_path,
+                                                             one_line_error) -> None:  # fmt: skip
+    """JSON allows a lone surrogate ("\\ud800"), UTF-8 cannot hold it (llama.cpp's converter crashes
+    on it).  Seen failing (exit 70, a traceback) before the check."""
+    src = private_copy(checkpoint("tiny3"))
+    rows = (src / "tokenizer.jsonl").read_text().splitlines()
+    rows[300] = '["\\ud800x", -5.0, "NORMAL"]'
+    (src / "tokenizer.jsonl").write_text("\n".join(rows) + "\n")
+    (tmp_path / "out").mkdir()
+    out = tmp_path / "out" / "m.gguf"
+    assert "row 300" in one_line_error(_export(cli, src, out, expect=2), 2)
+    assert _leftovers(out) == []
