@@ -210,7 +210,7 @@ def build_header(ckpt: HFCheckpoint, src: Path, type_name: str, overrides: list[
     writer.add_string(OWN_KEY, own_value(kind, [(o.pattern, o.type) for o in rules], src.name))
     fallbacks = [f"{t.name}: rows of {t.shape[-1]} do not split into {type_name} blocks: F16 (llama.cpp's fallback)"
                  for t in planned if t.fallback]  # fmt: skip
-    notes += arch.differences(ckpt.config) + words.notes + fallbacks
+    notes += arch.differences(ckpt.config, raw) + words.notes + fallbacks
     return writer, notes
 
 

@@ -66,8 +66,9 @@ class GGUFArch:
     chat_template: bool = False
     # runtime options of the family's reference forward that match llama.cpp's graph
     reference_options: dict[str, Any] = field(default_factory=dict)
-    # config -> what the export writes differently from llama.cpp's converter, and why (for the report)
-    differences: Callable[[Any], list[str]] = lambda cfg: []
+    # config, raw config.json -> what the export writes differently from llama.cpp's converter, and
+    # why (for the report)
+    differences: Callable[[Any, dict[str, Any]], list[str]] = lambda cfg, raw: []
 
     def by_hf(self) -> dict[str, GGUFTensor]:
         return {t.hf: t for t in self.tensors}

@@ -192,3 +192,22 @@ def test_the_target_scores_and_continues_like_the_reference(checkpoint, tmp_path
             seq.append(int(ref(seq)[-1].argmax()))
     assert cont.tokens == seq[len(prompt) :] and cont.finish_reason == "length"
     assert len(cont.token_logprobs) == 12 and cont.logprobs.shape == (12, 700)
+
+
+def test_layer_types_without_a_period_are_written_per_layer(cli, checkpoint, private_copy, tmp_path) -> None:
+    """A transformers-v5 PLaMo 3 config whose layer_types no sliding_window_pattern describes (and
+    that has none: llama.cpp's converter fails on it): the export writes the per-layer flags, which
+    llama.cpp reads first, and llama.cpp then matches the reference.  Seen failing with the default
+    pattern (8) written instead: llama.cpp slides the wrong layers and diverges."""
+    src = private_copy(checkpoint("tiny3-yarn"))
+    config = json.loads((src / "config.json").read_text())
+    config.pop("sliding_window_pattern", None)
+    config["layer_types"] = ["sliding_attention", "sliding_attention", "full_attention", "sliding_attention",
+                             "full_attention"]  # fmt: skip
+    (src / "config.json").write_text(json.dumps(config))
+    (tmp_path / "out").mkdir()
+    out = tmp_path / "out" / "m.gguf"
+    r = cli("export", "gguf", src, out, "--type", "f32", "--json")
+    assert json.loads(r.stdout)["verify"]["verdict"] == "pass"
+    flags = gguf.GGUFReader(str(out)).fields["plamo3.attention.sliding_window_pattern"].contents()
+    assert flags == [True, True, False, True, False]

@@ -113,7 +113,7 @@ def runtime_notes(cfg: Plamo2Config) -> list[RuntimeNote]:
     return notes
 
 
-def differences(cfg: Plamo2Config) -> list[str]:
+def differences(cfg: Plamo2Config, raw: dict[str, Any]) -> list[str]:
     return [ROPE_FIX] if cfg.layer_is_mamba[0] and not all(cfg.layer_is_mamba) else []
 
 

@@ -87,8 +87,33 @@ def metadata(cfg: Plamo3Config, raw: dict[str, Any]) -> list[WriterCall]:
     calls += [("add_file_type", ()), ("add_vocab_size", (raw["vocab_size"],))]
     window = find_hparam(raw, ("window_size", "sliding_window"))
     if window is not None:
-        calls += [("add_sliding_window", (window,)), ("add_sliding_window_pattern", (raw["sliding_window_pattern"],))]
+        calls += [("add_sliding_window", (window,)), ("add_sliding_window_pattern", (_swa_pattern(cfg, raw),))]
     return calls
+
+
+def _pattern_types(cfg: Plamo3Config, pattern: int) -> tuple[str, ...]:
+    """llama.cpp's `set_swa_pattern(n)`: every n-th layer dense, the others sliding."""
+    return tuple(FULL if (i + 1) % pattern == 0 else "sliding_attention" for i in range(cfg.num_hidden_layers))
+
+
+def _swa_pattern(cfg: Plamo3Config, raw: dict[str, Any]) -> int | list[bool]:
+    """The converter's sliding_window_pattern (an int) when it says which layers slide; otherwise
+    (a transformers-v5 config whose layer_types no period describes, or none at all, where the
+    converter fails) the per-layer flags, which llama.cpp reads first (`load_swa_pattern`)."""
+    pattern = raw.get("sliding_window_pattern")
+    integer = isinstance(pattern, int) and not isinstance(pattern, bool) and pattern > 0
+    if integer and _pattern_types(cfg, pattern) == cfg.layer_types:
+        return pattern
+    return [t != FULL for t in cfg.layer_types]
+
+
+def differences(cfg: Plamo3Config, raw: dict[str, Any]) -> list[str]:
+    if find_hparam(raw, ("window_size", "sliding_window")) is not None and isinstance(_swa_pattern(cfg, raw), list):
+        return [
+            "plamo3.attention.sliding_window_pattern written per layer (layer_types follow no period; "
+            "llama.cpp's converter writes the config's integer or fails)"
+        ]
+    return []
 
 
 def runtime_notes(cfg: Plamo3Config) -> list[RuntimeNote]:
@@ -99,12 +124,6 @@ def runtime_notes(cfg: Plamo3Config) -> list[RuntimeNote]:
                                  "(llama.cpp's standard SWA): vLLM's convention; PFN's HF code sees the query "
                                  f"and W before it, so the two differ from position {cfg.window_size} on",
                                  diverges=False))  # fmt: skip
-    pattern = tuple(FULL if (i + 1) % cfg.sliding_window_pattern == 0 else "sliding_attention"
-                    for i in range(cfg.num_hidden_layers))  # fmt: skip
-    if pattern != cfg.layer_types:
-        notes.append(RuntimeNote("window", f"layer_types do not follow sliding_window_pattern = "
-                                 f"{cfg.sliding_window_pattern}: llama.cpp derives the layer types from the "
-                                 "pattern and runs the wrong ones with a window"))  # fmt: skip
     if cfg.rope_sliding.is_yarn:
         notes.append(RuntimeNote("yarn", "YaRN on the sliding layers is not applied: llama.cpp scales only the "
                                  "full-attention layers' RoPE"))  # fmt: skip
@@ -120,5 +139,6 @@ GGUF = GGUFArch(
     metadata=metadata,
     runtime_notes=runtime_notes,
     chat_template=True,
+    differences=differences,
     reference_options={"window_convention": "vllm"},
 )
