@@ -23,6 +23,8 @@ BUILD=${LLAMA_CUDA_BUILD:-$CACHE/cuda-build}
 OUT=${OUT:-$REPO/runs/gguf-gpu}
 WORK=${WORK:-${TMPDIR:-/tmp}/gguf-gpu}
 CLI=${PLAMO2_TOOLS_CLI:-plamo2-tools}
+DEVICE=${DEVICE:-cuda}  # where the reference of kld-base runs (DEVICE=cpu NGL=0: a smoke run without a GPU)
+NGL=${NGL:-99}
 CTX=${CTX:-512}
 CHUNKS=${CHUNKS:-4}
 mkdir -p "$OUT"
@@ -50,7 +52,7 @@ model() {
     rm -rf "$dir" && mkdir -p "$dir"
     local t0 t1 json="$OUT/$preset.json"
     t0=$(seconds); "$CLI" synth "$dir/src" --preset "$preset" >/dev/null; t1=$(seconds)
-    echo "{\"preset\": \"$preset\", \"gpu\": \"$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)\"," \
+    echo "{\"preset\": \"$preset\", \"gpu\": \"$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 || echo none)\"," \
         "\"synth_seconds\": $(python3 -c "print($t1 - $t0)"), \"files\": [" >"$json.tmp"
     python3 - "$dir/text.txt" <<'EOF'
 import random, sys
@@ -59,16 +61,16 @@ words = "the model writes tokens on a GPU and checks every logit against the ref
 open(sys.argv[1], "w").write(" ".join(random.choice(words) for _ in range(40000)))
 EOF
     t0=$(seconds)
-    "$CLI" kld-base "$dir/src" "$dir/base.kld" --text "$dir/text.txt" --ctx "$CTX" --chunks "$CHUNKS" --device cuda --json \
+    "$CLI" kld-base "$dir/src" "$dir/base.kld" --text "$dir/text.txt" --ctx "$CTX" --chunks "$CHUNKS" --device "$DEVICE" --json \
         >"$dir/kld-base.json"
     t1=$(seconds); local kld_base_s; kld_base_s=$(python3 -c "print($t1 - $t0)")
     local first=1
     for type in bf16 q8_0 q4_0; do
         local f=$dir/$type.gguf e0 e1 b0 b1 p0 p1
         e0=$(seconds); "$CLI" export gguf "$dir/src" "$f" --type "$type" --no-verify --json >"$dir/export-$type.json"; e1=$(seconds)
-        b0=$(seconds); "$bench" -m "$f" -ngl 99 -p 512 -n 128 -r 3 -o json >"$dir/bench-$type.json" 2>/dev/null; b1=$(seconds)
+        b0=$(seconds); "$bench" -m "$f" -ngl "$NGL" -p 512 -n 128 -r 3 -o json >"$dir/bench-$type.json" 2>/dev/null; b1=$(seconds)
         p0=$(seconds)
-        "$ppl" -m "$f" -ngl 99 -c "$CTX" --kl-divergence-base "$dir/base.kld" --kl-divergence >"$dir/ppl-$type.txt" 2>&1
+        "$ppl" -m "$f" -ngl "$NGL" -c "$CTX" --kl-divergence-base "$dir/base.kld" --kl-divergence >"$dir/ppl-$type.txt" 2>&1
         p1=$(seconds)
         python3 - "$dir" "$type" "$e0" "$e1" "$b0" "$b1" "$p0" "$p1" "$first" >>"$json.tmp" <<'EOF'
 import json, sys
@@ -98,6 +100,6 @@ EOF
 
 case "${1:-}" in
 build) build ;;
-plamo-2-1b | plamo-3-8b | plamo-3-2b | plamo-2-8b) model "$1" ;;
+plamo-* | tiny*) model "$1" ;;
 *) sed -n 2,16p "$0"; exit 2 ;;
 esac
