@@ -1,6 +1,7 @@
-"""Benchmark `plamo2-tools convert` against a plain copy of the same checkpoint (not a test).
+"""`plamo2-tools convert` against `cp -r` of the same checkpoint: wall time, CPU, peak memory, start-up.
 
-    python bench/convert.py --work DIR --out reports/convert/NAME.json [--preset plamo-2-8b --files 4]
+    python -m bench convert [--work DIR] [--preset plamo-2-1b --files 1 --synth random|fast]
+        [--splits 2x1,4x2] [--variant NAME=ARGS ...] [--repeat 3] [--cache cold|drop|warm] [--blob-check]
 
 Synthesises a checkpoint in DIR/src (reused when already there; `--synth fast` writes constant
 values, which copy and hash exactly as fast as random ones, in a fraction of the time), then times,
@@ -21,8 +22,9 @@ posix_fadvise DONTNEED on every source file; `--cache drop`: also `echo 3 > /pro
 drop_caches` where allowed), so cp and convert read from the disk alike; `--cache warm` leaves the
 cache alone.  `--blob-check` also lays the source out as a Hugging Face cache snapshot (links to
 blobs named by their sha256) and times the first split with and without `--verify-blobs`.
-`--time-budget` stops starting runs after that many seconds; the JSON is rewritten after every
-repetition, so a cut-short run still leaves its numbers.
+`--max-seconds` stops starting runs after that many seconds; the file is rewritten after every
+repetition, so a cut-short run still leaves its numbers.  The scratch directory must be on the disk
+being measured (`--work`; the default temporary directory avoids a memory-backed /tmp).
 """
 
 from __future__ import annotations
@@ -31,72 +33,34 @@ import argparse
 import hashlib
 import json
 import os
-import platform
 import re
 import shlex
 import shutil
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
+from bench.common import Result, cli, tree_env, work_dir
+from bench.common import run_timed as common_run_timed
+from plamo2_tools.kinds import BENCH_CONVERT_KIND
+
+KIND = BENCH_CONVERT_KIND
+MODEL = False  # it makes its own HF checkpoint: convert's input, not the runtime's
 MIB = 2**20
 TARGET_RATIO_FEW_CORES, TARGET_RATIO_MANY_CORES, MANY_CORES = 1.3, 1.1, 16
 TARGET_RSS_HEADROOM = 512 * MIB
-CLI = [sys.executable, "-m", "plamo2_tools.cli"]
-# The result file's kind and version, read by `plamo2-tools report` (plamo2_tools/report/inputs.py
-# names the same pair; tests/report/test_report_kinds.py keeps the two equal).  Bump the version when
-# a field changes meaning or goes away (adding one is compatible).
-KIND = "plamo2-bench-convert"
-SCHEMA_VERSION = 1
+CLI = cli()
 
 
 def run_timed(cmd: list[str], sample: bool = False) -> dict[str, Any]:
-    """Run cmd; wall time, exit status, CPU time of exactly this child, its peak RSS."""
-    start = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    peaks = {"VmHWM": 0, "VmRSS": 0, "RssAnon": 0, "RssFile": 0}
-    stop = threading.Event()
-
-    def sampler() -> None:  # /proc/PID/status every 20 ms: high-water mark, anonymous vs file-backed
-        while not stop.is_set():
-            try:
-                for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines():
-                    key, _, value = line.partition(":")
-                    if key in peaks:
-                        peaks[key] = max(peaks[key], int(value.split()[0]) * 1024)
-            except (OSError, ValueError):
-                pass
-            stop.wait(0.02)
-
-    threads = [threading.Thread(target=sampler, daemon=True)] if sample else []
-    out_chunks: list[bytes] = []
-    err_chunks: list[bytes] = []
-    threads += [
-        threading.Thread(target=lambda: out_chunks.append(proc.stdout.read()), daemon=True),  # type: ignore[union-attr]
-        threading.Thread(target=lambda: err_chunks.append(proc.stderr.read()), daemon=True),  # type: ignore[union-attr]
-    ]
-    for t in threads:
-        t.start()
-    _, status, usage = os.wait4(proc.pid, 0)
-    wall = time.perf_counter() - start
-    stop.set()
-    for t in threads:
-        t.join()
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    if proc.returncode != 0:
-        raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{b''.join(err_chunks).decode()[-2000:]}")
-    return {
-        "wall_s": wall,
-        "user_s": usage.ru_utime,
-        "sys_s": usage.ru_stime,
-        "peak_rss_bytes": peaks["VmHWM"] if sample else None,
-        "sampled_peak": dict(peaks) if sample else None,
-        "stdout": b"".join(out_chunks).decode(errors="replace"),
-    }
+    """common.run_timed, with the child's stdout kept (convert --json) and a failure fatal."""
+    r = common_run_timed(cmd, sample=sample)
+    if r.pop("rc") != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed:\n{r['stderr'][-2000:]}")
+    return r
 
 
 def evict(paths: list[Path], cache: str) -> str:
@@ -185,11 +149,16 @@ def startup_times(repeat: int = 5) -> dict[str, Any]:
     for _ in range(repeat):
         for name, cmd in (("python", [sys.executable, "-c", "pass"]), ("help", [*CLI, "--help"])):
             start = time.perf_counter()
-            subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
+            subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True, env=tree_env())
             times[name].append(time.perf_counter() - start)
-    loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True).stderr.strip()
-    return {"python_s": statistics.median(times["python"]), "help_s": statistics.median(times["help"]),
-            "help_imports_torch": loaded.endswith("True")}  # fmt: skip
+    loaded = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, env=tree_env()
+    ).stderr.strip()
+    return {
+        "python_s": statistics.median(times["python"]),
+        "help_s": statistics.median(times["help"]),
+        "help_imports_torch": loaded.endswith("True"),
+    }
 
 
 def hash_rates() -> dict[str, float]:
@@ -231,28 +200,31 @@ def hf_cache_layout(ckpt: dict[str, Any], work: Path) -> Path:
     return snapshot
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--work", type=Path, required=True, help="scratch directory on the disk to measure")
-    ap.add_argument("--out", type=Path, default=Path("reports/convert/bench.json"))
+def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--preset", default="plamo-2-1b")
     ap.add_argument("--files", type=int, default=1, help="weight files of the synthesised checkpoint")
-    ap.add_argument("--synth", choices=("random", "fast"), default="random")
+    ap.add_argument("--synth", choices=("random", "fast"), default="random", help="values: random, or constant")
     ap.add_argument("--splits", default="2x1,4x2", help="TPxPP list, e.g. 2x1,4x2")
-    ap.add_argument("--variant", action="append", default=[], metavar="NAME=ARGS",
-                    help="extra convert runs of the first split with these options ('user=--copy user')")  # fmt: skip
+    ap.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="NAME=ARGS",
+        help="extra convert runs of the first split with these options ('user=--copy user')",
+    )
     ap.add_argument("--repeat", type=int, default=3, help="repetitions; medians are reported")
     ap.add_argument("--cache", choices=("cold", "drop", "warm"), default="cold")
     ap.add_argument("--blob-check", action="store_true", help="also time --verify-blobs on an HF cache layout")
     ap.add_argument("--target-ratio", type=float, default=None, help="default: 1.3 below 16 cores, else 1.1")
-    ap.add_argument("--time-budget", type=float, default=None, help="start no run after this many seconds")
     ap.add_argument("--clean", action="store_true", help="also delete the synthesised checkpoint at the end")
-    ap.add_argument("--note", default="", help="free text kept in the JSON (e.g. who else shares the machine)")
-    args = ap.parse_args()
 
-    began = time.perf_counter()
-    work = args.work.resolve()
-    work.mkdir(parents=True, exist_ok=True)
+
+def run(args: argparse.Namespace, result: Result) -> None:
+    with work_dir(args) as work:
+        measure(args, work, result)
+
+
+def measure(args: argparse.Namespace, work: Path, result: Result) -> None:
     src = work / "src"
     ckpt = ensure_checkpoint(src, args.preset, args.files, args.synth)
     sources = [Path(f) for f in ckpt["files"]]
@@ -261,12 +233,11 @@ def main() -> None:
     cores = len(os.sched_getaffinity(0))
     target_ratio = args.target_ratio or (TARGET_RATIO_MANY_CORES if cores >= MANY_CORES else TARGET_RATIO_FEW_CORES)
     rss_limit = ckpt["largest_tensor"]["bytes"] + TARGET_RSS_HEADROOM
-    load_before = os.getloadavg()
     rates = hash_rates()
     evicted: set[str] = set()
 
     def out_of_time() -> bool:
-        return args.time_budget is not None and time.perf_counter() - began > args.time_budget
+        return result.left() <= 0
 
     def timed(name: str, cmd: list[str], target: Path) -> dict[str, Any]:
         shutil.rmtree(target, ignore_errors=True)
@@ -281,9 +252,13 @@ def main() -> None:
         cmd = ["env", *env, *cmd] if env else cmd
         r = timed(name, cmd, out)
         summary = json.loads(r.pop("stdout"))
-        r.update(convert_seconds=summary["seconds"], bytes_written=summary["bytes_written"],
-                 output_bytes=dir_bytes(out), files=len(list(out.glob("*.safetensors"))),
-                 copy=summary.get("copy"))  # fmt: skip
+        r.update(
+            convert_seconds=summary["seconds"],
+            bytes_written=summary["bytes_written"],
+            output_bytes=dir_bytes(out),
+            files=len(list(out.glob("*.safetensors"))),
+            copy=summary.get("copy"),
+        )
         shutil.rmtree(out)
         return r
 
@@ -293,7 +268,7 @@ def main() -> None:
     blob: dict[str, Any] = {}
     for i in range(args.repeat):
         if out_of_time():
-            print(f"time budget spent: {i} of {args.repeat} repetitions", flush=True)
+            result.skip(f"repetitions {i + 1}-{args.repeat}")
             break
         target = work / "copy"
         r = timed("cp", ["cp", "-r", str(src), str(target)], target)
@@ -307,9 +282,10 @@ def main() -> None:
             samples[name].append(convert(name, src, *first, extra))
         line = ", ".join(f"{k} {v[-1]['wall_s']:.2f}" for k, v in samples.items() if len(v) > i)
         print(f"  run {i + 1}/{args.repeat}: {line} s", flush=True)
-        write_report(args, ckpt, splits, variants, samples, blob, target_ratio, rss_limit, load_before, rates,
-                     evicted, cores)  # fmt: skip
-    if args.blob_check and not out_of_time():
+        write_report(args, result, ckpt, splits, variants, samples, blob, target_ratio, rss_limit, rates, evicted)
+    if args.blob_check and out_of_time():
+        result.skip("blob check")
+    elif args.blob_check:
         start = time.perf_counter()
         snapshot = hf_cache_layout(ckpt, work)
         blob = {"layout_s": time.perf_counter() - start, "verify": [], "no_verify": []}
@@ -318,35 +294,50 @@ def main() -> None:
                 break
             blob["verify"].append(convert("verify", snapshot, *first, ["--verify-blobs"]))
             blob["no_verify"].append(convert("no_verify", snapshot, *first, ["--no-verify-blobs"]))
-        print(f"  blob check: {[round(r['wall_s'], 2) for r in blob['verify']]} s with sha256, "
-              f"{[round(r['wall_s'], 2) for r in blob['no_verify']]} s without", flush=True)  # fmt: skip
-    report = write_report(args, ckpt, splits, variants, samples, blob, target_ratio, rss_limit, load_before, rates,
-                          evicted, cores)  # fmt: skip
+        print(
+            f"  blob check: {[round(r['wall_s'], 2) for r in blob['verify']]} s with sha256, "
+            f"{[round(r['wall_s'], 2) for r in blob['no_verify']]} s without",
+            flush=True,
+        )
+    report = write_report(args, result, ckpt, splits, variants, samples, blob, target_ratio, rss_limit, rates, evicted)
     if args.clean:
         shutil.rmtree(src)
         shutil.rmtree(work / "hub", ignore_errors=True)
     print_summary(report)
 
 
-def write_report(args: argparse.Namespace, ckpt: dict[str, Any], splits: list[tuple[int, ...]],
-                 variants: dict[str, list[str]], samples: dict[str, list[dict[str, Any]]], blob: dict[str, Any],
-                 target_ratio: float, rss_limit: int, load_before: tuple[float, float, float],
-                 rates: dict[str, float], evicted: set[str], cores: int) -> dict[str, Any]:  # fmt: skip
+def write_report(
+    args: argparse.Namespace,
+    result: Result,
+    ckpt: dict[str, Any],
+    splits: list[tuple[int, ...]],
+    variants: dict[str, list[str]],
+    samples: dict[str, list[dict[str, Any]]],
+    blob: dict[str, Any],
+    target_ratio: float,
+    rss_limit: int,
+    rates: dict[str, float],
+    evicted: set[str],
+) -> dict[str, Any]:
     def med(runs: list[dict[str, Any]], key: str) -> float | None:
         values = [r[key] for r in runs if r.get(key) is not None]
         return statistics.median(values) if values else None
 
     cp_s, cp_sync_s = med(samples["cp"], "wall_s"), med(samples["cp_sync"], "wall_s")
 
-    def result(name: str, runs: list[dict[str, Any]], t: int, p: int, extra: list[str]) -> dict[str, Any]:
+    def split_result(name: str, runs: list[dict[str, Any]], t: int, p: int, extra: list[str]) -> dict[str, Any]:
         wall = med(runs, "wall_s")
         rss = max(r["peak_rss_bytes"] for r in runs)
         ratio, ratio_sync = wall / cp_s, wall / cp_sync_s  # type: ignore[operator]
         return {
-            "split": name, "tp": t, "pp": p, "options": " ".join(extra),
+            "split": name,
+            "tp": t,
+            "pp": p,
+            "options": " ".join(extra),
             "wall_s": wall,
             "convert_seconds": med(runs, "convert_seconds"),  # inside the process, without Python start-up
-            "user_s": med(runs, "user_s"), "sys_s": med(runs, "sys_s"),
+            "user_s": med(runs, "user_s"),
+            "sys_s": med(runs, "sys_s"),
             "output_bytes": med(runs, "output_bytes"),
             "ratio_vs_cp": ratio,
             "ratio_vs_cp_sync": ratio_sync,
@@ -359,10 +350,12 @@ def write_report(args: argparse.Namespace, ckpt: dict[str, Any], splits: list[tu
                 f"ratio_vs_cp<={target_ratio}": ratio <= target_ratio,
                 "peak_rss<=largest+512MiB": rss <= rss_limit,
             },
-        }  # fmt: skip
+        }
 
-    results = [result(f"tp{t}_pp{p}", samples[f"tp{t}_pp{p}"], t, p, []) for t, p in splits if samples[f"tp{t}_pp{p}"]]
-    results += [result(n, samples[n], *splits[0], variants[n]) for n in variants if samples[n]]
+    results = [
+        split_result(f"tp{t}_pp{p}", samples[f"tp{t}_pp{p}"], t, p, []) for t, p in splits if samples[f"tp{t}_pp{p}"]
+    ]
+    results += [split_result(n, samples[n], *splits[0], variants[n]) for n in variants if samples[n]]
     blob_summary = None
     if blob.get("verify"):
         blob_summary = {
@@ -373,19 +366,7 @@ def write_report(args: argparse.Namespace, ckpt: dict[str, Any], splits: list[tu
             "samples": blob,
         }
     report = {
-        "kind": KIND,
-        "schema_version": SCHEMA_VERSION,
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "machine": {
-            "cpus": cores,
-            "platform": platform.platform(),
-            "python": platform.python_version(),
-            "mem_bytes": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"),
-            "loadavg_before": load_before,
-            "loadavg_after": os.getloadavg(),
-            **rates,
-        },
-        "note": args.note,
+        "hash_rates": rates,
         "startup": startup_times(),
         "options": {
             "cache": args.cache,
@@ -393,7 +374,7 @@ def write_report(args: argparse.Namespace, ckpt: dict[str, Any], splits: list[tu
             "repeat": args.repeat,
             "splits": args.splits,
             "variants": {k: " ".join(v) for k, v in variants.items()},
-        },  # fmt: skip
+        },
         "checkpoint": {k: v for k, v in ckpt.items() if k != "files"},
         "baseline": {"cp_s": cp_s, "cp_sync_s": cp_sync_s, "cp_GBps": ckpt["bytes"] / cp_s / 1e9 if cp_s else None},
         "targets": {"ratio": target_ratio, "peak_rss_bytes": rss_limit},
@@ -401,32 +382,34 @@ def write_report(args: argparse.Namespace, ckpt: dict[str, Any], splits: list[tu
         "blob_check": blob_summary,
         "samples": samples,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=1) + "\n")
-    return report
+    result.results.update(report)
+    result.save()
+    return {**report, "machine": {**result.envelope["machine"], **rates}}
 
 
 def print_summary(report: dict[str, Any]) -> None:
     ckpt, machine, base = report["checkpoint"], report["machine"], report["baseline"]
     gb = 1e9
     load = f"{machine['loadavg_before'][0]:.1f} -> {machine['loadavg_after'][0]:.1f}"
-    print(f"\n{ckpt['preset']}: {ckpt['weight_bytes'] / gb:.2f} GB {ckpt['dtype']} in {ckpt['weight_files']} file(s), "
-          f"largest tensor {ckpt['largest_tensor']['bytes'] / gb:.2f} GB; {machine['cpus']} CPUs, load {load}; cache "
-          f"{report['options']['cache']} ({', '.join(report['options']['evicted_by'])}); sha256 "
-          f"{machine['sha256_single_thread_GBps']:.2f}, xxh3 {machine['xxh3_128_single_thread_GBps']:.2f} "
-          "GB/s per thread")  # fmt: skip
+    print(
+        f"\n{ckpt['preset']}: {ckpt['weight_bytes'] / gb:.2f} GB {ckpt['dtype']} in {ckpt['weight_files']} file(s), "
+        f"largest tensor {ckpt['largest_tensor']['bytes'] / gb:.2f} GB; {machine['cpus']} CPUs, load {load}; cache "
+        f"{report['options']['cache']} ({', '.join(report['options']['evicted_by'])}); sha256 "
+        f"{machine['sha256_single_thread_GBps']:.2f}, xxh3 {machine['xxh3_128_single_thread_GBps']:.2f} "
+        "GB/s per thread"
+    )
     print(f"cp -r: {base['cp_s']:.2f} s   cp -r + sync: {base['cp_sync_s']:.2f} s")
     for r in report["results"]:
         ok = "ok" if all(r["targets"].values()) else "MISSED " + ",".join(k for k, v in r["targets"].items() if not v)
         cpu = f"{r['user_s']:.1f}+{r['sys_s']:.1f} s"
-        print(f"{r['split']:>10} {r['options']:>16}: {r['wall_s']:.2f} s ({r['convert_seconds']:.2f} inside) "
-              f"x{r['ratio_vs_cp']:.2f} cp, x{r['ratio_vs_cp_sync']:.2f} cp+sync; CPU {cpu}; "
-              f"peak RSS {r['peak_rss_bytes'] / MIB:.0f} MiB [{ok}]")  # fmt: skip
+        print(
+            f"{r['split']:>10} {r['options']:>16}: {r['wall_s']:.2f} s ({r['convert_seconds']:.2f} inside) "
+            f"x{r['ratio_vs_cp']:.2f} cp, x{r['ratio_vs_cp_sync']:.2f} cp+sync; CPU {cpu}; "
+            f"peak RSS {r['peak_rss_bytes'] / MIB:.0f} MiB [{ok}]"
+        )
     if report["blob_check"]:
         b = report["blob_check"]
-        print(f"HF cache layout {b['split']}: {b['verify_blobs_s']:.2f} s with --verify-blobs, "
-              f"{b['no_verify_blobs_s']:.2f} s without")  # fmt: skip
-
-
-if __name__ == "__main__":
-    main()
+        print(
+            f"HF cache layout {b['split']}: {b['verify_blobs_s']:.2f} s with --verify-blobs, "
+            f"{b['no_verify_blobs_s']:.2f} s without"
+        )

@@ -1,7 +1,9 @@
-"""The long fuzz campaign of issue 21: every target of tests/security/fuzzing.py (safetensors
-headers, manifests, configs, tokenizer.jsonl rows, journals, result files, CLI option values) in
-turn, each for an equal share of `--minutes`, Hypothesis generating the inputs; every run held to
-the contract (exit 0-3, one `error:` line on 2/3, never 70, never a traceback, never a hang).
+"""The long fuzz campaign of issues 21 and 28: every target of tests/security/fuzzing.py
+(safetensors headers, manifests, PLaMo 2 and PLaMo 3 configs, tokenizer.jsonl files and rows,
+journals, result files, CLI option values, batch request files and their results files) in turn,
+each for an equal share of `--minutes`, Hypothesis generating the inputs; every run held to the
+contract (exit 0-3, one `error:` line on 2/3, never 70, never a traceback, never a hang).  The
+JSON names the commit it ran on (`git`, and `git_dirty` when the tree had changes).
 
 Writes the number of inputs tried and how they ended, per target, to a JSON file
 (`plamo2-tools report` reads it: kind plamo2-bench-fuzz).  Run it niced on a shared machine:
@@ -26,9 +28,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "security")]
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
-KIND = "plamo2-bench-fuzz"
-SCHEMA_VERSION = 1
-
+from plamo2_tools.kinds import BENCH_FUZZ_KIND as KIND  # noqa: E402 - after sys.path above
+from plamo2_tools.kinds import BENCH_FUZZ_SCHEMA_VERSION as SCHEMA_VERSION  # noqa: E402
 
 BATCH = 40  # inputs per Hypothesis run; the time budget is checked between runs
 
@@ -69,6 +70,7 @@ def main() -> int:
     from fuzzing import LIMIT_S, TARGETS, Tally, make_bases
 
     torch.set_num_threads(1)
+    commit, dirty = _git_commit(), _git_dirty()  # what the campaign starts on (commits may land meanwhile)
     tally = Tally()
     start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="plamo2-fuzz-bases-") as tmp:
@@ -96,7 +98,9 @@ def main() -> int:
         },
         "failures": tally.failures,
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
-        "git": _git_commit(),
+        "git": commit,
+        "git_dirty": dirty,
+        "command": " ".join(["python", "bench/fuzz.py", *sys.argv[1:]]),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
@@ -110,6 +114,16 @@ def _git_commit() -> str | None:
         return subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     except OSError:
         return None
+
+
+def _git_dirty() -> bool | None:
+    """Whether the package or the fuzz targets had changes not in the commit (None: no git)."""
+    try:
+        out = subprocess.run(["git", "status", "--porcelain", "plamo2_tools", "tests/security", "bench/fuzz.py"],
+                             cwd=ROOT, capture_output=True, text=True).stdout  # fmt: skip
+    except OSError:
+        return None
+    return bool(out.strip())
 
 
 if __name__ == "__main__":

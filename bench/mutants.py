@@ -53,7 +53,7 @@ W = "plamo2_tools/convert/writer.py"
 SRC_CHECK = ("tests/convert/test_source_check.py",)
 CONVERT = ("tests/convert/test_source_check.py", "tests/convert/test_convert.py")
 INTEGRITY = "plamo2_tools/shards/integrity.py"
-LOCK = "plamo2_tools/shards/lock.py"
+LOCK = "plamo2_tools/output_lock.py"
 SCHED = "plamo2_tools/runtime/serving/scheduler.py"
 SAMPLING = "plamo2_tools/runtime/serving/sampling.py"
 GEN = "plamo2_tools/runtime/serving/generation.py"
@@ -400,9 +400,9 @@ mutant(
 mutant(
     "runtime-verify-rank0-only",
     "rank-damage",
-    "plamo2_tools/runtime/serving/engine.py",
-    'own = [int(os.environ.get("RANK", "0"))] if self.mode == "dist" else range(mapping.world_size)',
-    'own = [int(os.environ.get("RANK", "0"))] if self.mode == "dist" else range(1)',
+    "plamo2_tools/runtime/rank/comm.py",
+    'return [int(os.environ.get("RANK", "0"))] if mode == "dist" else list(range(world_size))',
+    'return [int(os.environ.get("RANK", "0"))] if mode == "dist" else list(range(1))',
     T_MULTIPART,
     "thread ranks load the other ranks' files unverified",
 )
@@ -845,6 +845,630 @@ mutant(
     'filler += len(text[i].encode("utf-8"))',
     T_ENC,
     "PLaMo's trailing zeros miscounted",
+)
+
+# ---- hostile checkpoints and batch files (issue 28) ------------------------------------------------------
+# Each reverts one fix of issue 28 §2-§3; its test (tests/security/) runs the real CLI on the input.
+HOSTILE = "tests/security/test_hostile_models.py"
+BATCH = "tests/security/test_batch_output.py"
+P3 = "plamo2_tools/model/plamo3/config.py"
+VOCAB = "plamo2_tools/tokenizer/vocab.py"
+FILE_OUT = "plamo2_tools/file_output.py"
+BATCH_PY = "plamo2_tools/serve/batch.py"
+mutant(
+    "hostile-error-lines-kept",
+    "hostile",
+    CLI_ERR,
+    "{escape(one_line(message))}",
+    "{escape(message)}",
+    (HOSTILE, "-k spanning_lines"),
+    "a library's message of several lines printed as several lines",
+)
+mutant(
+    "hostile-config-bounds-late",
+    "hostile",
+    P3,
+    '                raise ConfigError(f"{source}: {key} = {shown_int(values[key])}: {problem}")',
+    "                pass",
+    (HOSTILE, "-k pattern-0 or layers-1e9"),
+    "sliding_window_pattern 0: ZeroDivisionError; 1e9 layers: all memory",
+)
+mutant(
+    "hostile-yarn-equal-betas",
+    "hostile",
+    P3,
+    "    if not rope.beta_fast > rope.beta_slow:",
+    "    if rope.beta_fast < rope.beta_slow:",
+    (HOSTILE, "-k yarn-beta-equal"),
+    "a YaRN config every run crashes on passes convert and check",
+)
+mutant(
+    "hostile-rope-type-ignored",
+    "hostile",
+    P3,
+    "        if value is not None and not isinstance(value, dict):",
+    "        if False:",
+    (HOSTILE, "-k scaling-str or parameters-list"),
+    "rope_scaling as a string silently runs without YaRN",
+)
+mutant(
+    "hostile-tokenizer-score-overflow",
+    "hostile",
+    VOCAB,
+    "    if math.isfinite(value) and not (math.isfinite(value * 1e4)",
+    "    if False and not (math.isfinite(value * 1e4)",
+    (HOSTILE, "-k score-1e308"),
+    "score 1e308: OverflowError (exit 70)",
+)
+mutant(
+    "hostile-tokenizer-surrogate",
+    "hostile",
+    VOCAB,
+    "    if not piece.isascii():",
+    "    if False:",
+    (HOSTILE, "-k surrogate"),
+    "a lone surrogate passes tokenize and convert, then crashes every decode",
+)
+mutant(
+    "hostile-tokenizer-piece-length",
+    "hostile",
+    VOCAB,
+    "    if len(piece) > MAX_PIECE_CHARS:",
+    "    if False:",
+    (HOSTILE, "-k piece-1e6"),
+    "a million-character piece: quadratic memory (or only the total's vaguer line)",
+)
+mutant(
+    "hostile-manifest-stages",
+    "hostile",
+    "plamo2_tools/shards/manifest.py",
+    "    _check_stages(mapping, int(config.num_hidden_layers))\n",
+    "",
+    (HOSTILE, "-k stages"),
+    "stages past the layers: exit 70; short of them: a model with fewer layers runs",
+)
+mutant(
+    "hostile-check-ignores-records",
+    "hostile",
+    "plamo2_tools/shards/check.py",
+    "            if record and not bad:",
+    "            if False:",
+    (HOSTILE, "-k disagrees_with_its_file"),
+    "check passes a directory every load refuses",
+)
+mutant(
+    "hostile-source-library-error",
+    "hostile",
+    "plamo2_tools/shards/source_check.py",
+    "    except Exception as e:  # noqa: BLE001 - the library's own word on a damaged file is the message",
+    "    except ZeroDivisionError as e:  # noqa: BLE001",
+    (HOSTILE, "-k truncated_source"),
+    "check --source on a truncated source: exit 70",
+)
+mutant(
+    "hostile-force-no-hint",
+    "hostile",
+    ENGINE,
+    "        raise untrusted_record(e, out) from None",
+    "        raise",
+    (HOSTILE, "-k how_to_clear"),
+    "refused without saying how to clear the way",
+)
+mutant(
+    "hostile-piece-axis-unchecked",
+    "hostile",
+    "plamo2_tools/shards/manifest.py",
+    "            if cut >= len(shape):",
+    "            if False:",
+    (HOSTILE + "::test_manifest_piece_along_an_axis_the_tensor_lacks",),
+    "resharding a manifest whose record lost its shape: IndexError (exit 70)",
+)
+mutant(
+    "batch-foreign-output-taken",
+    "batch",
+    FILE_OUT,
+    "            if head and not is_ours(head):",
+    "            if False:",
+    (BATCH, "-k never_overwritten"),
+    "a user's file replaced by results",
+)
+mutant(
+    "batch-temporary-followed",
+    "batch",
+    FILE_OUT,
+    "        fd = create_fresh(self.tmp, os.O_WRONLY)",
+    "        fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)",
+    (BATCH, "-k temporary_link"),
+    "results written through a planted link, outside",
+)
+mutant(
+    "batch-dangling-link-followed",
+    "batch",
+    FILE_OUT,
+    "        if not target.exists():",
+    "        if False:",
+    (BATCH, "-k dangling"),
+    "a file created wherever a dangling --output link points",
+)
+mutant(
+    "batch-resume-ignores-run",
+    "batch",
+    BATCH_PY,
+    "        differs = header_differences(old, self.header)",
+    "        differs = []",
+    (BATCH, "-k another_model_or_settings"),
+    "another model's answers kept as this run's",
+)
+mutant(
+    "batch-lock-per-process",
+    "batch",
+    FILE_OUT,
+    'name=f".{self.path.name}.plamo2.lock"',
+    'name=f".{self.path.name}.{os.getpid()}.lock"',
+    (BATCH, "-k second_writer"),
+    "two writers of one output both do the whole file",
+)
+mutant(
+    "batch-no-context-cap",
+    "batch",
+    BATCH_PY,
+    "    return min(int(max_context or DEFAULT_MAX_CONTEXT), positions)",
+    "    return positions",
+    (BATCH, "-k beyond_memory"),
+    "one line's max_tokens sizes the KV cache",
+)
+mutant(
+    "batch-oom-wrapped",
+    "batch",
+    BATCH_PY,
+    "                raise engine.loop.error from None",
+    "                raise",
+    (BATCH, "-k beyond_memory"),
+    "out of memory reported as a bug (exit 70)",
+)
+
+
+# ---- issue 34: the classes an independent audit found unguarded (one prefix per class) --------------------------
+HANDLERS = "plamo2_tools/serve/handlers.py"
+PROMPTS = "plamo2_tools/serve/prompts.py"
+T_CHOICES = ("tests/serve/test_real_choices.py",)
+mutant(
+    "choice-echo-modulo",
+    "choices",
+    HANDLERS,
+    "CompletionChoiceState(i, echo[i // req.n],",
+    "CompletionChoiceState(i, echo[i % req.n],",
+    T_CHOICES,
+    "choice i echoes the prompt of i % n: another prompt's text before the answer",
+)
+mutant(
+    "choice-prompt-ids-modulo",
+    "choices",
+    HANDLERS,
+    "prompts[i // req.n].token_ids if req.return_token_ids else None",
+    "prompts[i % req.n].token_ids if req.return_token_ids else None",
+    T_CHOICES,
+    "prompt_token_ids of another prompt",
+)
+mutant(
+    "choice-fanout-order",
+    "choices",
+    PROMPTS,
+    "        for p, prompt in enumerate(prompts)\n        for j in range(n)\n",
+    "        for j in range(n)\n        for p, prompt in enumerate(prompts)\n",
+    T_CHOICES,
+    "choices in choice-major order: choice i answers another prompt than its echo",
+)
+mutant(
+    "choice-stream-zero",
+    "choices",
+    PROMPTS,
+    "            stream=j,",
+    "            stream=0,",
+    T_CHOICES,
+    "every choice of a prompt draws the same tokens (n copies of one answer)",
+)
+mutant(
+    "choice-stream-chunk-index",
+    "choices",
+    HANDLERS,
+    "            index=i, text=text, logprobs=lp, finish_reason=event.finish_reason,",
+    "            index=i // req.n, text=text, logprobs=lp, finish_reason=event.finish_reason,",
+    T_CHOICES,
+    "streamed chunks labelled with the prompt's index: a client merges choices",
+)
+mutant(
+    "choice-prompt-ids-once",
+    "choices",
+    HANDLERS,
+    "            if i not in sent_prompt_ids:",
+    "            if not sent_prompt_ids:",
+    T_CHOICES,
+    "a stream sends prompt_token_ids with the first choice only",
+)
+mutant(
+    "choice-usage-per-choice",
+    "choices",
+    HANDLERS,
+    "return Job(run, cid, model, [len(p.token_ids) for p in prompts], include_usage, kind)",
+    "return Job(run, cid, model, [len(r.prompt_token_ids) for r in requests], include_usage, kind)",
+    T_CHOICES,
+    "usage counts each prompt n times",
+)
+
+ROPE3 = "plamo2_tools/model/plamo3/rope.py"
+LAYERS3 = "plamo2_tools/model/plamo3/layers.py"
+T_YARN = ("tests/model/test_yarn_constants.py",)
+mutant(
+    "yarn-no-2pi",
+    "yarn",
+    ROPE3,
+    "(rotations * 2 * math.pi)",
+    "(rotations * math.pi)",
+    T_YARN,
+    "the correction range counts half-turns: the ramp starts at other dimensions",
+)
+mutant("yarn-ramp-reversed", "yarn", ROPE3, "keep = 1.0 - ramp", "keep = ramp", T_YARN,
+       "high frequencies interpolated, low ones kept: the opposite of YaRN")  # fmt: skip
+mutant(
+    "yarn-betas-swapped",
+    "yarn",
+    ROPE3,
+    "low = correction_dim(rope.beta_fast, dim,",
+    "low = correction_dim(rope.beta_slow, dim,",
+    T_YARN,
+    "the ramp collapses to a step at beta_slow's dimension",
+)
+mutant(
+    "yarn-no-mscale",
+    "yarn",
+    ROPE3,
+    "scale = 0.1 * math.log(rope.yarn_factor) + 1.0 if rope.yarn_factor > 1 else 1.0",
+    "scale = 1.0",
+    T_YARN,
+    "no attention factor: q.k too small by (0.1 ln f + 1)^2",
+)
+mutant(
+    "yarn-mscale-without-one",
+    "yarn",
+    ROPE3,
+    "scale = 0.1 * math.log(rope.yarn_factor) + 1.0 if",
+    "scale = 0.1 * math.log(rope.yarn_factor) if",
+    T_YARN,
+    "cos and sin scaled by ln(f)/10: attention almost uniform",
+)
+mutant(
+    "yarn-factor-multiplied",
+    "yarn",
+    ROPE3,
+    "interpolation = 1.0 / (rope.yarn_factor * pos_freqs)",
+    "interpolation = rope.yarn_factor / pos_freqs",
+    T_YARN,
+    "interpolated frequencies multiplied by the factor instead of divided",
+)
+mutant("yarn-truncate-inverted", "yarn", ROPE3, "    if rope.truncate:", "    if not rope.truncate:", T_YARN,
+       "PFN's truncate=False rounded like vLLM's default")  # fmt: skip
+mutant(
+    "yarn-clamp-half-head",
+    "yarn",
+    ROPE3,
+    "min(high, dim - 1.0)",
+    "min(high, dim // 2 - 1.0)",
+    T_YARN,
+    "the range clamped to the frequency count, not the head dimension",
+)
+mutant(
+    "yarn-runtime-no-scale",
+    "yarn",
+    LAYERS3,
+    "self.rope_freqs[kind] = (freqs.to(device), scale, rope.theta)",
+    "self.rope_freqs[kind] = (freqs.to(device), 1.0, rope.theta)",
+    T_YARN,
+    "the runtime drops YaRN's magnitude (the reference keeps it)",
+)
+mutant(
+    "yarn-runtime-plain-frequencies",
+    "yarn",
+    LAYERS3,
+    "rope_cos_sin(batch.positions, d, theta, torch.float32, freqs, scale)",
+    "rope_cos_sin(batch.positions, d, theta, torch.float32, None, scale)",
+    T_YARN,
+    "the runtime rotates with theta's plain frequencies on YaRN layers",
+)
+
+NUMERICS = "plamo2_tools/numerics.py"
+T_BITS = ("tests/convert/test_numerics_bits.py",)
+mutant(
+    "bits-nonzero-sign-mask",
+    "bits",
+    NUMERICS,
+    "sign = np.array(1 << (8 * dtype.itemsize - 1), x.dtype)",
+    "sign = np.array(1 << (8 * dtype.itemsize - 2), x.dtype)",
+    T_BITS,
+    "check's padding test masks an exponent bit: non-zero padding passes",
+)
+mutant(
+    "bits-nonzero-no-mask",
+    "bits",
+    NUMERICS,
+    "return int(np.count_nonzero(x & ~sign))",
+    "return int(np.count_nonzero(x))",
+    T_BITS,
+    "-0.0 padding (bfloat16, float8) reported as damage",
+)
+mutant(
+    "bits-nonzero-all-uint",
+    "bits",
+    NUMERICS,
+    'if dtype.storage.startswith("uint") and dtype.is_floating_point:',
+    'if dtype.storage.startswith("uint"):',
+    T_BITS,
+    "uint8 values of 128 counted as zero",
+)
+mutant(
+    "bits-f16-quiet-bit",
+    "bits",
+    NUMERICS,
+    "out.view(np.uint32)[nan] |= np.uint32(0x00400000)",
+    "out.view(np.uint32)[nan] |= np.uint32(0x00200000)",
+    T_BITS,
+    "float16 NaN widened with a payload bit set instead of the quiet bit",
+)
+mutant(
+    "bits-f16-not-quieted",
+    "bits",
+    NUMERICS,
+    "        if nan.any():  # numpy keeps a signalling NaN signalling; the instruction quiets it",
+    "        if False:  # numpy keeps a signalling NaN signalling; the instruction quiets it",
+    T_BITS,
+    "signalling float16 NaN stay signalling: other bytes than torch's",
+)
+mutant(
+    "bits-bf16-no-tie-bit",
+    "bits",
+    NUMERICS,
+    "out = ((bits + (np.uint32(0x7FFF) + ((bits >> 16) & 1))) >> 16).astype(np.uint16)",
+    "out = ((bits + np.uint32(0x7FFF)) >> 16).astype(np.uint16)",
+    T_BITS,
+    "ties of odd bfloat16 values round down: not round-to-even",
+)
+mutant(
+    "bits-f16-nan-payload",
+    "bits",
+    NUMERICS,
+    "| 0x7E00 | ((bits >> 13) & 0x3FF)",
+    "| 0x7E00 | ((bits >> 12) & 0x3FF)",
+    T_BITS,
+    "float32 NaN payloads shifted into float16 one bit off",
+)
+mutant(
+    "bits-f8-subnormal",
+    "bits",
+    NUMERICS,
+    "v = sign * m * 2.0 ** (1 - bias - man_bits)",
+    "v = sign * m * 2.0 ** (-bias - man_bits)",
+    T_BITS,
+    "float8 subnormals half their value",
+)
+mutant(
+    "bits-narrow-nan-to-bf16",
+    "bits",
+    NUMERICS,
+    "out[np.isnan(wide)] = _NAN_NARROW_TO_BF16",
+    "out[np.isnan(wide)] = _NAN_F32_TO_BF16",
+    T_BITS,
+    "float16/float8 NaN cast to bfloat16 with float32's NaN bits",
+)
+
+JSONIO = "plamo2_tools/jsonio.py"
+T_JSON = ("tests/test_jsonio.py",)
+MANIFEST = "plamo2_tools/shards/manifest.py"
+T_MANIFEST = ("tests/shards/test_manifest_counts.py",)
+T_BOOLS = ("tests/serve/test_bool_is_not_int.py",)
+mutant(
+    "valid-json-objects-not-pushed",
+    "validators",
+    JSONIO,
+    "stack += [(x, d + 1) for x in v if isinstance(x, (dict, list))]",
+    "stack += [(x, d + 1) for x in v if isinstance(x, list)]",
+    T_JSON,
+    "objects inside arrays are not looked into: a deep tree of them passes the limit",
+)
+mutant(
+    "valid-json-objects-ignored",
+    "validators",
+    JSONIO,
+    "        if isinstance(v, dict):\n            v = list(v.values())\n",
+    "",
+    T_JSON,
+    "objects are no level at all: objects nested in objects pass any limit",
+)
+mutant("valid-json-off-by-one", "validators", JSONIO, "if depth(value) > max_depth:",
+       "if depth(value) > max_depth + 1:", T_JSON, "one level more than documented")  # fmt: skip
+mutant(
+    "valid-decode-bool",
+    "validators",
+    "plamo2_tools/tokenizer/cli_io.py",
+    "all(isinstance(v, int) and not isinstance(v, bool) for v in value)",
+    "all(isinstance(v, int) for v in value)",
+    ("tests/tokenizer/test_loader_cli.py",),
+    "tokenize --decode takes [true] as BOS",
+)
+mutant(
+    "valid-format-version-bool",
+    "validators",
+    "plamo2_tools/shards/formats.py",
+    "if not isinstance(version, int) or isinstance(version, bool) or version not in FORMATS:",
+    "if not isinstance(version, int) or version not in FORMATS:",
+    T_MANIFEST,
+    "format_version true read as format 1",
+)
+mutant(
+    "valid-manifest-count-bool",
+    "validators",
+    MANIFEST,
+    "if not isinstance(value, int) or isinstance(value, bool) or value < least:",
+    "if not isinstance(value, int) or value < least:",
+    T_MANIFEST,
+    "true read as a count of 1",
+)
+mutant(
+    "valid-manifest-count-least",
+    "validators",
+    MANIFEST,
+    "if not isinstance(value, int) or isinstance(value, bool) or value < least:",
+    "if not isinstance(value, int) or isinstance(value, bool) or value < 0:",
+    T_MANIFEST,
+    "tp_size, max_part_size, padded_vocab of 0 accepted",
+)
+mutant(
+    "valid-manifest-int-size",
+    "validators",
+    MANIFEST,
+    '_count(rec["size"]), str(rec[key]), _count(rec["rank"]), _count(rec["part"])',
+    'int(rec["size"]), str(rec[key]), _count(rec["rank"]), _count(rec["part"])',
+    T_MANIFEST,
+    "a negative file size read (check then reports damage, exit 1, instead of a malformed manifest)",
+)
+mutant(
+    "valid-manifest-int-tp",
+    "validators",
+    MANIFEST,
+    'mapping = Mapping(_count(m["tp_size"], 1),',
+    'mapping = Mapping(int(m["tp_size"]),',
+    T_MANIFEST,
+    "tp_size 1.5 or true read as 1",
+)
+mutant(
+    "valid-manifest-flag",
+    "validators",
+    MANIFEST,
+    '_flag(o["tied_embeddings"])',
+    'bool(o["tied_embeddings"])',
+    T_MANIFEST,
+    'tied_embeddings "false" read as true',
+)
+mutant(
+    "valid-serve-not-strict",
+    "validators",
+    "plamo2_tools/serve/protocol.py",
+    'class _Request(BaseModel):\n    model_config = ConfigDict(strict=True, extra="allow")',
+    'class _Request(BaseModel):\n    model_config = ConfigDict(strict=False, extra="allow")',
+    T_BOOLS,
+    "max_tokens true served as 1, echo 1 as true",
+)
+mutant(
+    "valid-serve-token-bool",
+    "validators",
+    "plamo2_tools/serve/protocol.py",
+    "return isinstance(v, list) and all(type(t) is int for t in v)",
+    "return isinstance(v, list) and all(isinstance(t, int) for t in v)",
+    T_BOOLS,
+    "prompt [true, 5] served as token ids [1, 5]",
+)
+
+T_SCHED = ("tests/runtime/test_scheduler_choices.py",)
+mutant(
+    "sched-burst-pending-swapped",
+    "scheduler",
+    SCHED,
+    "return max(1, min(k, min(left) if self.pending else max(left)))",
+    "return max(1, min(k, max(left) if self.pending else min(left)))",
+    T_SCHED,
+    "waiting requests wait a whole look interval for a freed slot; without waiters, extra looks",
+)
+mutant(
+    "sched-burst-min-always",
+    "scheduler",
+    SCHED,
+    "return max(1, min(k, min(left) if self.pending else max(left)))",
+    "return max(1, min(k, min(left)))",
+    T_SCHED,
+    "a look at every request's end even when nobody waits",
+)
+mutant(
+    "sched-burst-max-always",
+    "scheduler",
+    SCHED,
+    "return max(1, min(k, min(left) if self.pending else max(left)))",
+    "return max(1, min(k, max(left)))",
+    T_SCHED,
+    "freed slots stay idle while requests wait",
+)
+mutant(
+    "sched-burst-no-interval",
+    "scheduler",
+    SCHED,
+    "return max(1, min(k, min(left) if self.pending else max(left)))",
+    "return max(1, min(left) if self.pending else max(left))",
+    T_SCHED,
+    "no look for hundreds of steps: stop strings and EOS found late, streams stall",
+)
+mutant(
+    "sched-burst-while-admitting",
+    "scheduler",
+    GEN,
+    "burst = 1 if waiting else sched.burst(k)",
+    "burst = sched.burst(k)",
+    T_SCHED,
+    "a prefill group waits for a whole burst of decode steps",
+)
+mutant(
+    "sched-cancel-stays-pending",
+    "scheduler",
+    SCHED,
+    "        if index in self.pending:\n            self.pending.remove(index)\n",
+    "",
+    T_SCHED,
+    "a cancelled waiting request is admitted, prefilled and holds a slot later",
+)
+
+TEXT_PY = "plamo2_tools/runtime/serving/text.py"
+T_EOS = ("tests/runtime/test_stop_ids.py",)
+mutant(
+    "eos-config-json-too",
+    "eos",
+    TEXT_PY,
+    "            break\n    return tuple(dict.fromkeys(ids))",
+    "    return tuple(dict.fromkeys(ids))",
+    T_EOS,
+    "config.json's EOS ends generations although generation_config.json says otherwise",
+)
+mutant(
+    "eos-config-json-first",
+    "eos",
+    TEXT_PY,
+    'for name in ("generation_config.json", "config.json"):',
+    'for name in ("config.json", "generation_config.json"):',
+    T_EOS,
+    "config.json's EOS instead of generation_config.json's",
+)
+mutant(
+    "eos-no-tokenizer-id",
+    "eos",
+    TEXT_PY,
+    '    if getattr(tokenizer, "eos_token_id", None) is not None:',
+    "    if False:",
+    T_EOS,
+    "the tokenizer's EOS does not end a generation",
+)
+mutant(
+    "eos-sorted",
+    "eos",
+    TEXT_PY,
+    "return tuple(dict.fromkeys(ids))",
+    "return tuple(sorted(set(ids)))",
+    T_EOS,
+    "EOS ids reordered (the first is the one lm-eval decodes as its stop string)",
+)
+mutant(
+    "eos-first-of-list",
+    "eos",
+    TEXT_PY,
+    "[int(x) for x in eos or []]",
+    "[int(x) for x in (eos or [])[:1]]",
+    T_EOS,
+    "only the first of generation_config's EOS ids ends a generation",
 )
 
 

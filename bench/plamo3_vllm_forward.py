@@ -55,6 +55,11 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+# Run as a script, this file's folder is sys.path[0], where the benchmark suite's modules would shadow
+# packages vLLM and transformers import by the same names (bench/kernels.py is not HF's `kernels`).
+# Nothing here is imported from bench/.
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+
 REPO = Path(__file__).resolve().parents[1]
 ORACLE = REPO / "tests" / "model" / "plamo3_independent.py"
 KIND = "plamo3-vllm-forward"

@@ -10,6 +10,7 @@ from typing import Any
 from .dtypes import SAFETENSORS_NAMES as DTYPE_NAMES
 from .dtypes import dtype_name
 from .errors import CheckpointError
+from .kinds import INSPECT_KIND, INSPECT_SCHEMA_VERSION
 from .model import family_of, num_parameters
 from .model.checkpoint import HFCheckpoint
 from .model.layout import pp_problems
@@ -20,11 +21,8 @@ from .shards.manifest import MANIFEST_NAME, load_manifest
 from .shards.owned import unfinished_conversion
 
 TP_CANDIDATES = (1, 2, 3, 4, 6, 8, 16, 32)
-# `inspect --json` (inspect_path): `plamo2-tools report` recognises it by this kind and version.
-# "format" says what was inspected: "hf" (a checkpoint) or "shards" (a shard directory).  Bump the
-# version when a field changes meaning or goes away (adding one is compatible).
-INSPECT_KIND = "plamo2-inspect"
-INSPECT_SCHEMA_VERSION = 1
+# `inspect --json` (inspect_path) carries INSPECT_KIND (kinds.py); its "format" says what was inspected:
+# "hf" (a checkpoint) or "shards" (a shard directory).
 
 
 def split_table(cfg: Any) -> dict[str, list[dict[str, Any]]]:

@@ -48,6 +48,16 @@ def read_record(out: Path) -> dict[str, Any] | None:
     return record
 
 
+def untrusted_record(e: Plamo2Error, out: Path) -> CheckpointError:
+    """A record in OUT (manifest, journal, `.plamo2_written.json`) that names something no writer of
+    ours writes, a path out of OUT say: it cannot tell which files are ours, so `--force` keeps
+    refusing; the line says how to clear the way (issue 28)."""
+    return CheckpointError(
+        f"{e}; --force removes only the files a record of plamo2-tools names, and this record cannot be "
+        f"trusted: delete {out} yourself if nothing in it is yours to keep, or write into another directory"
+    )
+
+
 def write_record(out: Path, command: str, source: str, files: list[str], status: str) -> None:
     record = {"format": "plamo2-written", "command": command, "status": status, "source": source, "files": files}
     atomic_write_text(out / RECORD_NAME, json.dumps(record) + "\n")
@@ -71,7 +81,10 @@ def ensure_complete(directory: Path) -> None:
 def prepare_output(out: Path, writes: list[str], force: bool) -> None:
     """For merge and synth: an empty OUT, or an unfinished run of ours, goes ahead.  Anything else
     needs --force, which removes the files an earlier run recorded and keeps everyone else's."""
-    record = read_record(out)
+    try:
+        record = read_record(out)
+    except Plamo2Error as e:
+        raise untrusted_record(e, out) from None
     ours = recorded_outputs(out)
     unfinished = record is not None and record.get("status") != "complete"
     # A killed run's temporaries (NAME.partial, NAME.tmp of a recorded NAME) are ours too.

@@ -18,6 +18,7 @@ import torch
 
 from .dtypes import dtype_name
 from .errors import UserError, os_error
+from .kinds import VERIFY_KIND, VERIFY_SCHEMA_VERSION  # what `verify --json / --output` is
 from .model import hf_tensor_shapes
 from .model.checkpoint import HFCheckpoint
 from .runtime.process.jobs import run_job
@@ -42,10 +43,6 @@ THRESHOLDS: dict[str, dict[str, float]] = {
     "bfloat16": {"max_rel_err": 1e-1, "mean_kl": 1e-2, "top1_in_top5": 0.99},
 }
 TOP_K = 5
-# The result of `verify` (--json, --output): `plamo2-tools report` recognises it by this kind and
-# version.  Bump the version when a field changes meaning or goes away (adding one is compatible).
-VERIFY_KIND = "plamo2-verify"
-VERIFY_SCHEMA_VERSION = 1
 
 
 @dataclass

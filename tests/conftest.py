@@ -16,6 +16,7 @@ the folders whose helpers other folders import are on `pythonpath` (pyproject.to
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import os
 import shutil
 from collections.abc import Callable, Iterator
@@ -30,13 +31,20 @@ if not torch.cuda.is_available():  # must happen before anything imports triton
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
+HAVE_MLX = importlib.util.find_spec("mlx") is not None and importlib.util.find_spec("mlx_lm") is not None
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if torch.cuda.is_available():
-        return
-    skip = pytest.mark.skip(reason="needs a CUDA device")
+    skips = {
+        "gpu": None if torch.cuda.is_available() else pytest.mark.skip(reason="needs a CUDA device"),
+        "mlx": None if HAVE_MLX else pytest.mark.skip(reason="needs mlx and mlx-lm (the [mlx] extra)"),
+    }
     for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
+        for marker, skip in skips.items():
+            # The marker itself, not `item.keywords`: those also hold the names of the folders above
+            # the test (a checkout in a directory named mlx would skip every test).
+            if skip is not None and item.get_closest_marker(marker) is not None:
+                item.add_marker(skip)
 
 
 @pytest.fixture(autouse=True)

@@ -6,6 +6,7 @@ inside functions count too):
 * the runtime's three rooms: the rank below the serving loop below the processes;
 * the server (`serve/`) a consumer of the runtime, like eval: imported by the commands alone, its
   HTTP layer apart from the runtime (only the engine, batch and service modules load it);
+* the result kinds (`kinds.py`) a leaf, and the report standing on them and the foundation alone;
 * files: no import cycle between any two modules of the package, and no module importing another
   module's `_private` names.
 """
@@ -28,10 +29,19 @@ FOUNDATION = {
     "safetensors_io",
     "digest",
     "outputs",
+    "kinds",
+    "token_ids",
+    "generation_request",
+    "version",
+    "output_lock",
+    "file_output",
     "__init__",
 }
 # PLaMo's tokenizer format is a leaf (it imports only errors); synth writes one for every checkpoint.
 LEAVES = {"tokenizer"}
+# What each result file is (kinds.py: kind and schema version), part of the foundation: it imports
+# nothing; the writers of every result and the report read it.
+KINDS = "kinds"
 
 
 def _module_of(path: Path) -> str:
@@ -94,6 +104,13 @@ def _package_graph() -> dict[str, set[str]]:
 GRAPH = _package_graph()
 
 
+def _floor(graph: dict[str, set[str]], unit: str, path: frozenset[str] = frozenset()) -> int:
+    """1 for a unit that imports no other, else one above the highest unit it imports (a cycle, which
+    test_no_cycles_between_packages reports, is cut where it closes)."""
+    below = graph.get(unit, set()) - path - {unit}
+    return 1 + max((_floor(graph, d, path | {unit}) for d in below), default=0)
+
+
 def _reach(graph: dict[str, set[str]], start: str) -> set[str]:
     seen, todo = set(), [start]
     while todo:
@@ -118,9 +135,43 @@ def test_kernels_know_no_model() -> None:
 
 
 @pytest.mark.parametrize("unit", ["runtime", "eval", "inspect", "kernels", "shards", "model", "tokenizer", "verify",
-                                  "serve"])  # fmt: skip
+                                  "serve", "deploy"])  # fmt: skip
 def test_nothing_but_the_commands_imports_convert(unit: str) -> None:
     assert "convert" not in GRAPH.get(unit, set())
+
+
+def test_kinds_is_a_leaf() -> None:
+    assert GRAPH[KINDS] == set(), GRAPH[KINDS]
+
+
+def test_the_report_reads_kinds_not_their_writers() -> None:
+    """report/ renders JSON: it stands on the foundation and the kinds leaf alone, never on the code
+    that writes the files (convert, verify, eval, ... and through them the runtime and PyTorch), so
+    `plamo2-tools report` starts as fast as a byte-moving command; its floor is 4 (jsonio, 3, below it)."""
+    assert GRAPH["report"] <= FOUNDATION, GRAPH["report"] - FOUNDATION
+    assert _floor(GRAPH, "report") <= 4
+
+
+def test_the_package_never_imports_the_benchmarks() -> None:
+    """bench/ stands beside the installed package and on it, never under it: an installed
+    plamo2-tools has no `bench` to import."""
+    users = set()
+    for m, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and not node.level:
+                names = [node.module or ""]
+            if any(n == "bench" or n.startswith("bench.") for n in names):
+                users.add(m)
+    assert not users, users
+
+
+def test_export_stands_on_what_convert_reads() -> None:
+    """export/ (issue 31) writes other runtimes' formats from the sources convert reads (convert/sources.py), so it
+    is a command library like convert: the model, the shard format, convert, deploy (to verify what it wrote) and
+    the foundation below it."""
+    allowed = FOUNDATION | LEAVES | {"model", "shards", "convert", "deploy"}
+    assert GRAPH.get("export", set()) <= allowed, GRAPH["export"] - allowed
 
 
 def test_nothing_imports_the_cli() -> None:
@@ -135,18 +186,6 @@ def test_nothing_but_the_commands_imports_serve() -> None:
     assert not users, users
 
 
-def test_export_is_imported_by_the_commands_alone() -> None:
-    """export/ writes other runtimes' formats from a checkpoint: it stands on the model, the shard
-    format's lock, the tokenizer, deploy/ (the target its verification runs) and the foundation,
-    and only the commands import it."""
-    users = {
-        m for m, deps in FILES.items() if any(_unit(d) == "export" for d in deps) and _unit(m) not in ("export", "cli")
-    }
-    assert not users, users
-    allowed = FOUNDATION | LEAVES | {"model", "shards", "deploy"}
-    assert GRAPH.get("export", set()) <= allowed, GRAPH.get("export", set()) - allowed
-
-
 def test_serve_is_a_consumer_of_the_runtime_like_eval() -> None:
     """serve/ stands on the runtime and the foundation, never on eval, convert, verify or the cli;
     its HTTP layer (app, handlers, protocol, ...) needs no runtime at all: only the engine over the
@@ -156,6 +195,42 @@ def test_serve_is_a_consumer_of_the_runtime_like_eval() -> None:
     for m, deps in FILES.items():
         if _unit(m) == "serve" and m not in runtime_users:
             assert not {_unit(d) for d in deps} & {"runtime", "kernels", "model", "shards"}, (m, sorted(deps))
+
+
+def test_deploy_judges_from_above_the_runtime() -> None:
+    """deploy/ (`verify TARGET`) stands on the reference forward (model), the runtime, the shard
+    format, verify's prompt helpers and the foundation; it speaks HTTP to servers itself, so it never
+    imports serve/ (our server is a target like any other), eval, convert or the cli.  Only the
+    commands, export (which verifies what it writes) and the report (for the result kind) import it."""
+    allowed = FOUNDATION | {"model", "runtime", "shards", "verify", "tokenizer"}
+    assert GRAPH["deploy"] <= allowed, GRAPH["deploy"] - allowed
+    users = {m for m, deps in FILES.items() if any(_unit(d) == "deploy" for d in deps)}
+    assert {_unit(m) for m in users} <= {"deploy", "cli", "export", "report"}, users
+
+
+def test_the_public_face_stands_above_everything() -> None:
+    """`plamo2_tools/__init__.py` exports the library API (`api.py`) lazily: no module of the
+    package imports the package's `__init__` or `api` (the version lives in `version.py`), so the
+    face can import anything without a cycle, and every name it exports has a home that exists."""
+    import plamo2_tools
+
+    users = {m for m, deps in FILES.items() if {"plamo2_tools", "plamo2_tools.api"} & deps}
+    assert not users, users
+    for name, home in plamo2_tools._HOMES.items():
+        assert f"plamo2_tools{home}" in MODULES, (name, home)
+
+
+def test_the_exports_are_a_consumer_like_convert() -> None:
+    """export/ (the formats other runtimes load) is imported by the commands alone; it reads what
+    convert reads (convert/sources.py) and verifies through deploy/'s targets and the reference, never
+    through our runtime, the server or eval."""
+    users = {
+        m for m, deps in FILES.items() if any(_unit(d) == "export" for d in deps) and _unit(m) not in ("export", "cli")
+    }
+    assert not users, users
+    assert not GRAPH["export"] & {"runtime", "serve", "eval", "verify"}, GRAPH["export"]
+    allowed = FOUNDATION | LEAVES | {"model", "shards", "deploy", "convert", "tokenizer"}
+    assert GRAPH["export"] <= allowed, GRAPH["export"] - allowed
 
 
 def test_no_cycles_between_packages() -> None:
@@ -194,5 +269,6 @@ def test_the_graph_is_read_at_all() -> None:
     assert "model" in GRAPH["shards"] and "shards" in GRAPH["runtime"] and "convert" in GRAPH["cli"]
     assert "runtime" in GRAPH["serve"] and "serve" in GRAPH["cli"]
     assert "plamo2_tools.model.layout" in FILES["plamo2_tools.model.family"]
+    assert _floor(GRAPH, "cli") > _floor(GRAPH, "runtime") > _floor(GRAPH, "model") > _floor(GRAPH, "errors") == 1
     planted = {**FILES, "plamo2_tools.model.layout": FILES["plamo2_tools.model.layout"] | {"plamo2_tools.model.family"}}
     assert "plamo2_tools.model.layout" in _reach(planted, "plamo2_tools.model.layout")

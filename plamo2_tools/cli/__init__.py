@@ -15,7 +15,7 @@ from typing import Annotated
 import typer
 from rich.logging import RichHandler
 
-from .. import __version__
+from ..version import __version__
 from . import checkpoints, evaluate, export, gguf, reports, run, serve, shards
 from .console import err, out
 from .errors import OneLineErrors, handle_errors

@@ -113,6 +113,7 @@ def tokenize(
     A directory with PLaMo's tokenizer.jsonl is read natively (no remote code, no numba); remote
     code runs only with --trust-remote-code.  Blank lines are skipped.  Exit 2 on bad input.
     """
+    from ..model.registry import tokenizer_flavour
     from ..tokenizer.cli_io import run_tokenize
 
-    run_tokenize(path, input_file, out_file, decode, skip_special_tokens, trust_remote_code)
+    run_tokenize(path, input_file, out_file, decode, skip_special_tokens, trust_remote_code, tokenizer_flavour(path))

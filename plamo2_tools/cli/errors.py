@@ -20,8 +20,8 @@ import typer
 from rich.markup import escape
 from typer.core import TyperGroup
 
-from .. import __version__
 from ..errors import BUG_EXIT_CODE, ENVIRONMENT_ERRNOS, REPORT_BUGS_TO, Plamo2Error
+from ..version import __version__
 from .console import err
 
 # Typer's own click (a vendored copy in recent Typer, the click package in older ones): its
@@ -35,17 +35,25 @@ F = TypeVar("F", bound=Callable[..., Any])
 INTERRUPTED = {
     "convert": "{out} keeps the finished shard files and has no manifest yet; run the same convert again to resume",
     "merge": "{out} is incomplete (no config.json yet); run the same merge again to redo it",
+    "fp8": "{out} is incomplete (no config.json yet); run the same export fp8 again to redo it",
     "synth": "{out} is incomplete; run the same synth again to redo it",
     "demo": "{out} may hold unfinished layouts; run demo again to redo them",
     "report": "the report may be incomplete; run report again",
     "lm_eval_passthrough": "lm-eval's outputs may be incomplete",
     "generate": "{out} holds the results finished so far; run the same command again to resume",
+    "mlx": "{out} is incomplete (no config.json); run the same export again to redo it",
 }
+
+
+def one_line(message: str) -> str:
+    """A message as one line: the line breaks a library put in its own text (transformers' and
+    remote code's errors span several lines) become ` | `, so a refusal is always one line."""
+    return " | ".join(part.strip() for part in message.strip().splitlines() if part.strip())
 
 
 def error_line(message: str, label: str = "error") -> None:
     """One line on stderr, never wrapped, never read as Rich markup (messages hold [brackets])."""
-    err.print(f"[bold red]{label}:[/] {escape(message)}", highlight=False, soft_wrap=True)
+    err.print(f"[bold red]{label}:[/] {escape(one_line(message))}", highlight=False, soft_wrap=True)
 
 
 class OneLineErrors(TyperGroup):
@@ -55,6 +63,7 @@ class OneLineErrors(TyperGroup):
     def main(self, args: Any = None, prog_name: Any = None, complete_var: Any = None,
              standalone_mode: bool = True, **extra: Any) -> Any:  # fmt: skip
         _plain_flags(self)
+        _forward_option_help(self, sys.argv[1:] if args is None else list(args))
 
         def run() -> Any:
             return super(OneLineErrors, self).main(
@@ -87,6 +96,23 @@ def _plain_flags(group: Any) -> None:
         for param in getattr(command, "params", []):
             if getattr(param, "is_flag", False) and getattr(param, "metavar", "") is None:
                 param.metavar = ""
+
+
+def _forward_option_help(group: Any, args: list[str]) -> None:
+    """`COMMAND --help` lists what `--option` can choose, from the registered families
+    (model.registry.runtime_options_help); built only for a help screen, since the registry costs
+    a numpy import that running a byte-moving command or `--help` itself need not pay."""
+    from .options import FORWARD_OPTION_HELP
+
+    if "--help" not in args:
+        return
+    for name, command in getattr(group, "commands", {}).items():
+        params = [p for p in getattr(command, "params", []) if "--option" in getattr(p, "opts", ())]
+        if name in args and params:
+            from ..model.registry import runtime_options_help
+
+            for param in params:
+                param.help = f"{FORWARD_OPTION_HELP} {runtime_options_help()}."
 
 
 def handle_errors(fn: F) -> F:

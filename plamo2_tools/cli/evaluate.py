@@ -9,7 +9,7 @@ import typer
 
 from ..errors import UserError
 from .console import err, out, print_json
-from .options import Backend, Device, Json, Launch, NoVerify, TrustRemoteCode, WindowConvention
+from .options import Backend, Device, ForwardOption, Json, Launch, NoVerify, TrustRemoteCode
 from .validators import (
     check_eval_numbers,
     check_output_dir,
@@ -39,7 +39,7 @@ def eval_shards(
     allow_unverified_data: Annotated[bool, typer.Option(help="Accept non-official GSM8K files.")] = False,
     bootstrap_iters: Annotated[int, typer.Option(help="Bootstrap iterations for stderrs (0: none).")] = 100_000,
     log_samples: Annotated[bool, typer.Option(help="Write per-sample logs (needs --output-path).")] = True,
-    window_convention: WindowConvention = None,
+    option: ForwardOption = None,
     no_verify: NoVerify = False,
     as_json: Json = False,
 ) -> None:
@@ -65,7 +65,7 @@ def eval_shards(
     if output_path is not None:
         check_output_dir(output_path, "--output-path")
     manifest = load_manifest(shards)  # refuses a directory being written or unfinished
-    options = family_of(manifest.config).check_runtime_options(forward_options(window_convention))
+    options = family_of(manifest.config).check_runtime_options(forward_options(option))
     positions = manifest.config.max_position_embeddings
     if max_length is not None and max_length > positions:
         raise UserError(f"--max-length {max_length}: the model has {positions} positions")

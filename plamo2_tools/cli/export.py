@@ -3,16 +3,17 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
 from ..errors import CheckFailed, UserError
-from .console import byte_progress, print_json
+from .console import byte_progress, out, print_json
 from .console import out as out_console
 from .errors import OneLineErrors, handle_errors
-from .options import Force, Json
+from .options import Force, Json, MaxPartSize
 
 app = typer.Typer(
     name="export",
@@ -94,14 +95,146 @@ def _print_gguf(result: Any, out: Path, side: Path) -> None:
             out_console.print(f"llama.cpp: {finding['effect']}", highlight=False)
 
 
-def mlx() -> None:
-    """An MLX directory for mlx-lm (not written yet)."""
-    raise UserError("export mlx: not available yet")
+def mlx(
+    src: Annotated[Path, typer.Argument(metavar="SRC", help="An HF checkpoint, or a shard directory of ours.")],
+    out_dir: Annotated[Path, typer.Argument(metavar="OUT", help="The MLX model directory to write.")],
+    bits: Annotated[
+        int | None, typer.Option(help="Quantize with MLX's affine scheme at 4 or 8 bits (default: no quantization).")
+    ] = None,
+    group_size: Annotated[int, typer.Option(help="Values per scale and bias (32, 64 or 128).")] = 64,
+    mixed: Annotated[
+        bool,
+        typer.Option(
+            "--mixed",
+            help="PFN's mixed precision: the MLPs at --bits, the rest at 8 bits, PLaMo 2's bcdt_proj, dt_proj and "
+            "out_proj (ssm_out) unquantized.",
+        ),
+    ] = False,
+    dtype: Annotated[
+        str | None, typer.Option(help="Cast the weights to float32, bfloat16 or float16 (default: as the source).")
+    ] = None,
+    reference: Annotated[
+        Path | None,
+        typer.Option(help="The HF checkpoint to verify against (default: SRC; needed when SRC is a shard directory)."),
+    ] = None,
+    no_verify: Annotated[
+        bool, typer.Option("--no-verify", help="Skip running the export with mlx-lm against the reference.")
+    ] = False,
+    max_part_size: MaxPartSize = "5GiB",
+    force: Force = False,
+    as_json: Json = False,
+) -> None:
+    """An MLX directory for mlx-lm (`mlx_lm.load`), verified against the reference forward.
+
+    Weights named and shaped as mlx-lm's PLaMo 2 / PLaMo 3 model expects, quantized (--bits) bit for
+    bit as mlx.core.quantize does, config with `quantization`, tokenizer files copied; then mlx-lm
+    runs it on a fixed prompt set and the KL, top-1 agreement and first divergence against the
+    float64 reference go into OUT/plamo2_export.json.  Exit 1 when mlx-lm's output diverges (the
+    directory is kept: the divergence is mlx-lm's, named in the figures)."""
+    from ..convert.plan import parse_size
+    from ..convert.sources import HFSource, open_source, source_side_files
+    from ..dtypes import float_dtype
+    from ..export.mlx import Recipe, export_mlx, planned_bytes, verifier
+
+    if bits is not None and bits not in (4, 8):
+        raise UserError(f"--bits {bits}: choose 4 or 8")
+    recipe = Recipe(bits=bits, group_size=group_size, mixed=mixed, dtype=float_dtype(dtype) if dtype else None)
+    recipe.check()
+    limit = parse_size(max_part_size)
+    source = open_source(src)
+    try:
+        check = None
+        if not no_verify:
+            ref = reference or (src if isinstance(source, HFSource) else None)
+            if ref is None:
+                raise UserError(f"{src} is a shard directory: give --reference HF_CHECKPOINT to verify, or --no-verify")
+            check = verifier(ref, recipe, source.config)
+        start = time.perf_counter()
+        with byte_progress(f"export mlx {src}", planned_bytes(source, recipe), enabled=not as_json) as progress:
+            record = export_mlx(source, source_side_files(source), out_dir, recipe, force=force, verify=check,
+                                max_part=limit, progress=progress)  # fmt: skip
+        record["seconds"] = time.perf_counter() - start
+    finally:
+        source.close()
+    verification = record.get("verification")
+    if as_json:
+        print_json(record)
+    else:
+        dtypes = record["dtype"] if isinstance(record["dtype"], list) else [record["dtype"]]
+        what = f"{bits}-bit{' mixed' if mixed else ''}" if bits else ",".join(dtypes)
+        size = f"{record['bytes'] / 1e9:.3f} GB, {record['bits_per_weight']:.2f} bits/weight"
+        out.print(f"exported {src} to {out_dir} for mlx-lm ({what}, {size}) in {record['seconds']:.2f} s",
+                  highlight=False)  # fmt: skip
+        for d in record["known_differences"]:
+            out.print(f"  mlx-lm differs: {d['text']}", highlight=False)
+        if verification:
+            out.print(f"  verified with mlx-lm: {verification['summary']}", highlight=False)
+    if verification and not verification["passed"]:
+        raise CheckFailed(f"{out_dir}: mlx-lm's output differs from the reference: {verification['summary']}")
 
 
-def fp8() -> None:
-    """A compressed-tensors FP8 checkpoint for vLLM and SGLang (not written yet)."""
-    raise UserError("export fp8: not available yet")
+def fp8(
+    src: Annotated[Path, typer.Argument(help="HF checkpoint directory, or a shard directory made by this tool.")],
+    out_dir: Annotated[Path, typer.Argument(metavar="OUT", help="Output directory (an HF checkpoint).")],
+    max_part_size: MaxPartSize = "5GiB",
+    force: Force = False,
+    verify: Annotated[
+        bool,
+        typer.Option(
+            "--verify/--no-verify",
+            help="Read the export back, dequantize it and run the reference forward on it and on SRC; the "
+            "measured KL and top-1 agreement go to OUT/plamo2_export.json.",
+        ),
+    ] = True,
+    verify_sequences: Annotated[int, typer.Option(help="Fixed random token sequences verified.")] = 4,
+    verify_tokens: Annotated[int, typer.Option(help="Tokens per verified sequence.")] = 32,
+    verify_dtype: Annotated[
+        str, typer.Option(help="Precision of both reference forwards: float64, or float32 for large models.")
+    ] = "float64",
+    max_kl: Annotated[
+        float | None,
+        typer.Option(help="Exit 1 (after writing) when the measured mean KL (w8a8) is above this."),
+    ] = None,
+    workers: Annotated[int, typer.Option(help="Threads quantizing and writing tensors.")] = 2,
+    as_json: Json = False,
+) -> None:
+    """A compressed-tensors FP8 checkpoint (llm-compressor's FP8_DYNAMIC: e4m3 weights with one scale per
+    output channel, activations quantized per token at run time) for vLLM and SGLang.
+
+    The family's linears are quantized (PLaMo 3: qkv, o, gate_up, down; PLaMo 2 also the Mamba in_proj,
+    its bcdt/dt/out projections stay unquantized); norms, embedding and head keep the source dtype.
+    """
+    from ..convert.plan import parse_size
+    from ..export.fp8 import export_fp8
+
+    if verify_dtype not in ("float64", "float32"):
+        raise UserError(f"--verify-dtype {verify_dtype!r}: choose float64 or float32")
+    if verify_sequences < 1 or verify_tokens < 1 or workers < 1:
+        raise UserError("--verify-sequences, --verify-tokens and --workers must be at least 1")
+    if max_kl is not None and not max_kl >= 0:
+        raise UserError(f"--max-kl {max_kl}: must be a number >= 0")
+    options = {"sequences": verify_sequences, "tokens": verify_tokens, "dtype": verify_dtype}
+    with byte_progress(f"export fp8 {src}", enabled=not as_json) as progress:
+        result = export_fp8(
+            src, out_dir, max_part_size=parse_size(max_part_size), force=force, verify=verify,
+            verify_options=options, max_kl=max_kl, workers=workers, progress=progress, on_plan=progress.start,
+        )  # fmt: skip
+    if as_json:
+        print_json(result.record)
+        return
+    v = result.verification
+    checked = (
+        f"; verified on {v['variants']['w8a8']['positions']} positions: mean KL {v['kl_mean']:.3g} (weights only "
+        f"{v['variants']['weights']['kl_mean']:.3g}), top-1 agreement {v['top1_agreement']:.1%}"
+        if v
+        else "; not verified (--no-verify)"
+    )
+    out.print(
+        f"exported {src} to {out_dir} as FP8: {result.quantized} linears quantized, {len(result.files)} file(s), "
+        f"{result.output_bytes / 1e9:.3f} GB (source {result.source_bytes / 1e9:.3f} GB) in {result.seconds:.2f} s"
+        + checked,
+        highlight=False,
+    )
 
 
 for _name, _fn in (("gguf", gguf), ("mlx", mlx), ("fp8", fp8)):

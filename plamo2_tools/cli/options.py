@@ -38,10 +38,10 @@ Launch = Annotated[
         help="Run the ranks as real torchrun processes (gloo on CPU, NCCL on GPU), not as threads of this process."
     ),
 ]
-WindowConvention = Annotated[
-    str | None,
-    typer.Option(
-        help="PLaMo 3 only: how many keys a sliding-window layer sees, hf (the query and W before it, PFN's "
-        "modeling code; the default) or vllm (W in all, as vLLM and llama.cpp)."
-    ),
+# The families' own choices for their forward (model.family.RuntimeOption), one option for all of
+# them: `--help` of a command that has it lists the registered families' declarations
+# (errors.OneLineErrors fills them in, so that only a help screen pays for the model registry).
+FORWARD_OPTION_HELP = "A choice of the model family's forward, KEY=VALUE (repeatable)."
+ForwardOption = Annotated[
+    list[str] | None, typer.Option("--option", metavar="KEY=VALUE", help=FORWARD_OPTION_HELP, show_default=False)
 ]

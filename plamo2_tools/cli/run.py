@@ -14,8 +14,9 @@ import typer
 from rich.table import Table
 
 from ..errors import CheckFailed, UserError
+from ..serve import API_KEY_ENV  # the package's __init__ imports nothing heavy
 from .console import RequestProgress, err, out, print_json, step_progress
-from .options import Backend, CudaGraph, Device, Json, Launch, NoVerify, TrustRemoteCode, WindowConvention
+from .options import Backend, CudaGraph, Device, ForwardOption, Json, Launch, NoVerify, TrustRemoteCode
 from .validators import (
     check_output_file,
     check_runtime_options,
@@ -24,7 +25,8 @@ from .validators import (
     forward_options,
     int_list,
     is_shard_dir,
-    parse_batch_size,
+    parse_max_batch,
+    runtime_args,
 )
 
 
@@ -35,7 +37,7 @@ def logits(
     precision: Annotated[str, typer.Option(help="Reference forward precision: float64 or float32.")] = "float64",
     backend: Backend = "auto",
     device: Device = "cpu",
-    window_convention: WindowConvention = None,
+    option: ForwardOption = None,
     no_verify: NoVerify = False,
 ) -> None:
     """Logits of one token sequence, written as a float32 .npy array of shape (tokens, vocab):
@@ -47,7 +49,7 @@ def logits(
     if not ids:
         raise UserError("--input-ids needs at least one token id")
     check_output_file(out_file, "--out")
-    options = forward_options(window_convention)
+    options = forward_options(option)
     if is_shard_dir(path):
         from ..runtime.serving.engine import load_engine
         from ..shards.manifest import load_manifest
@@ -126,13 +128,23 @@ def demo(
 
 
 def verify(
-    shards: Annotated[list[Path], typer.Argument(help="One or more shard directories (layouts) to check.")],
-    reference: Annotated[Path, typer.Option(help="The original HF checkpoint they were converted from.")],
+    targets: Annotated[
+        list[str],
+        typer.Argument(
+            help="What to check: shard directories (layouts), http(s):// base URLs of OpenAI-compatible "
+            "servers, .gguf files, MLX model directories.",
+            metavar="TARGET...",
+        ),
+    ],
+    reference: Annotated[Path, typer.Option(help="The original HF checkpoint (the reference forward runs on it).")],
     prompts: Annotated[
         Path | None, typer.Option(help="Prompts: text (one per line) or JSON lines with input_ids/text.")
     ] = None,
     random: Annotated[int, typer.Option(help="Without --prompts: this many random token prompts (8-64 tokens).")] = 4,
     seed: Annotated[int, typer.Option(help="Seed of the random prompts.")] = 0,
+    gsm8k_like: Annotated[
+        bool, typer.Option("--gsm8k-like", help="The built-in GSM8K-like questions (text) instead of random tokens.")
+    ] = False,
     max_new_tokens: Annotated[int, typer.Option(help="Greedy tokens compared after each prompt.")] = 32,
     launch: Launch = False,
     device: Device = "cpu",
@@ -142,49 +154,140 @@ def verify(
     prefill_chunk: Annotated[
         int | None, typer.Option(help="Prefill at most this many tokens per sequence per step.")
     ] = None,
-    window_convention: WindowConvention = None,
+    option: ForwardOption = None,
+    target_precision: Annotated[
+        str,
+        typer.Option(
+            help="Judge targets as float32, float16, bfloat16 or quantized (auto: what each target "
+            "declares; a server, which declares nothing, as bfloat16)."
+        ),
+    ] = "auto",
+    api_key: Annotated[
+        str | None, typer.Option(help="Servers: the bearer key.", envvar=API_KEY_ENV, show_envvar=True)
+    ] = None,
+    timeout: Annotated[float, typer.Option(help="Servers: seconds to wait for each answer.")] = 120.0,
+    top_k: Annotated[int, typer.Option(help="Servers: alternatives asked per position (logprobs).")] = 20,
+    server_model: Annotated[
+        str | None, typer.Option(help="Servers: the model to name in requests (default: the first one listed).")
+    ] = None,
     output: Annotated[Path | None, typer.Option(help="Also write the JSON result to this file.")] = None,
     no_verify: NoVerify = False,
     as_json: Json = False,
 ) -> None:
-    """Check converted shards by running them: runtime logits and greedy tokens against the reference
-    forward of the original checkpoint, per layout.  Exit 1 when a layout fails its thresholds
-    (fp32: max relative error < 1e-4 and identical greedy tokens; bf16/fp16: see the table)."""
+    """Check deployments against the reference forward of the original checkpoint: per position KL,
+    top-1, log-prob of each token and the first divergent position, teacher-forced and along each
+    target's own greedy continuation (docs/deploy.md).  PLaMo 3 targets are compared under each window
+    convention unless --option window_convention=... pins one.  Exit 1 when a target diverges, naming where."""
+    from ..deploy.compare import PRECISIONS
+    from ..deploy.reference import Reference
+    from ..deploy.target import detect_kind
+    from ..deploy.verify import failure_line, open_targets, reference_tokenizer, verify_targets, verify_work
     from ..kernels.devices import check_device
-    from ..model import load_config
-    from ..shards.owned import ensure_readable_checkpoint
-    from ..verify import prompts_from_file, random_prompts, verify_work
-    from ..verify import verify as run
 
     check_runtime_options(device, backend)
     check_device(reference_device, "--reference-device")
     if max_new_tokens < 1 or random < 1:
         raise UserError("--max-new-tokens and --random must be >= 1")
+    if target_precision not in ("auto", *PRECISIONS):
+        raise UserError(f"--target-precision {target_precision!r}: one of auto, {', '.join(PRECISIONS)}")
+    if api_key is not None and not api_key.strip():
+        raise UserError(f"--api-key (or {API_KEY_ENV}) is empty")
+    if prompts is not None and gsm8k_like:
+        raise UserError("--prompts and --gsm8k-like: give one")
     if output is not None:
         check_output_file(output, "--output")
-    ensure_readable_checkpoint(reference)
-    cfg = load_config(reference)
-    if prompts is not None:
-        prompt_ids, source = prompts_from_file(prompts, reference), str(prompts)
-    else:
-        prompt_ids = random_prompts(random, cfg.vocab_size, seed, cfg.bos_token_id)
-        source = f"random(n={random}, seed={seed})"
+    kinds = [detect_kind(t) for t in targets]
+    ref = Reference(reference, precision, reference_device)
+    prompt_ids, source = _verify_prompts(ref, prompts, gsm8k_like, random, seed)
     for i, ids in enumerate(prompt_ids):
-        check_tokens(ids, cfg, max_new_tokens, f"prompt {i + 1}")
-    with step_progress("verify", verify_work(len(shards), max_new_tokens), enabled=not as_json) as progress:
-        result = run(
-            shards, reference, prompt_ids, source, max_new_tokens, launch, device, backend, precision, prefill_chunk,
-            reference_device, verify_files=not no_verify, progress=progress,
-            forward_options=forward_options(window_convention),
-        )  # fmt: skip
+        check_tokens(ids, ref.config, max_new_tokens, f"prompt {i + 1}")
+    tokenizer = reference_tokenizer(reference)
+    pinned = forward_options(option)
+    options = {"device": device, "backend": backend, "launch": launch, "prefill_chunk": prefill_chunk,
+               "forward_options": pinned, "verify_files": not no_verify, "api_key": api_key, "timeout": timeout,
+               "model": server_model, "top_k": top_k, "on_note": None if as_json else _note}  # fmt: skip
+    # Opened before the reference runs: a server that is down or a damaged shard is one line now.
+    opened = open_targets(list(zip(kinds, targets, strict=True)), ref, tokenizer, **options)
+    try:
+        work = verify_work(len(opened), max_new_tokens, len(ref.conventions(pinned)))
+        with step_progress("verify", work, enabled=not as_json) as progress:
+            result = verify_targets(opened, ref, prompt_ids, source, max_new_tokens, pinned, target_precision,
+                                    tokenizer, progress)  # fmt: skip
+    finally:
+        for t in opened:
+            t.close()
     if output is not None:
         output.write_text(json.dumps(result, indent=2) + "\n")
     if as_json:
         print_json(result)
     else:
-        print_verify(result, f"verify vs {reference} ({precision}, {len(prompt_ids)} prompts, {max_new_tokens} steps)")
+        print_targets(result, f"verify vs {reference} ({precision}, {len(prompt_ids)} prompts, {max_new_tokens} steps)")
     if not result["passed"]:
-        raise CheckFailed(f"{sum(not x['passed'] for x in result['layouts'])} layout(s) failed verification")
+        raise CheckFailed(failure_line(result))
+
+
+def _note(line: str) -> None:
+    err.print(f"note: {line}", highlight=False, markup=False)
+
+
+def _verify_prompts(ref: Any, prompts: Path | None, gsm8k_like: bool, random: int, seed: int
+                    ) -> tuple[list[list[int]], str]:  # fmt: skip
+    """The prompts of `verify` (token ids) and how the result names where they came from."""
+    from ..verify import prompts_from_file, random_prompts
+
+    if prompts is not None:
+        return prompts_from_file(prompts, ref.path), str(prompts)
+    if gsm8k_like:
+        from ..deploy.prompts import GSM8K_LIKE
+        from ..runtime.serving.engine import load_tokenizer
+
+        tok = load_tokenizer(ref.path)
+        return [list(tok(p)["input_ids"]) for p in GSM8K_LIKE], "gsm8k-like (built in)"
+    cfg = ref.config
+    return random_prompts(random, cfg.vocab_size, seed, cfg.bos_token_id), f"random(n={random}, seed={seed})"
+
+
+def print_targets(result: dict[str, Any], title: str) -> None:
+    """One row per target and convention: what was compared, the numbers, the verdict."""
+    table = Table(title=title)
+    for col in ("target", "kind", "precision", "KL", "convention", "mean KL", "max KL", "top-1", "greedy",
+                "first divergence", "result"):  # fmt: skip
+        table.add_column(col, no_wrap=True)
+    for t in result["targets"]:
+        for label, r in t["conventions"].items():
+            main = r["teacher_forced"] or r["greedy"]
+            first = r["first_divergence"]
+            g = r["greedy"]
+            table.add_row(
+                t["location"], t["kind"], t["precision"], t["kl_kind"] + (f"@{t['top_k']}" if t["top_k"] else ""),
+                label, _sci(main["mean_kl"]), _sci(main["max_kl"]), _frac(main["top1_agreement"]),
+                f"{sum(g['match_tokens'])}/{sum(g['steps'])}",
+                f"prompt {first['prompt']} pos {first['position']}" if first else "-",
+                "[green]pass[/]" if r["passed"] else "not followed" if t["passed"] else "[red]FAIL[/]",
+            )  # fmt: skip
+    out.print(table)
+    for t in result["targets"]:
+        name = t["location"]
+        if len(t["conventions"]) > 1:
+            follows = ", ".join(t["follows"]) or "none"
+            extra = " (the prompts do not tell them apart)" if t["indistinguishable"] else ""
+            out.print(f"  {name}: follows {follows}{extra}", highlight=False)
+        if t["mode"] != "teacher-forced + greedy":
+            out.print(f"  {name}: {t['mode']} ({t['info'].get('prompt_logprobs_detail') or 'no prompt logprobs'})",
+                      highlight=False)  # fmt: skip
+        parity = t["tokenizer"]
+        if parity.get("checked") is False:
+            out.print(f"  {name}: tokenizer not checked ({parity['why']})", highlight=False)
+        for f in t["failures"]:
+            out.print(f"  [red]{name}[/]: {f}", highlight=False)
+
+
+def _sci(value: Any) -> str:
+    return f"{value:.1e}" if isinstance(value, (int, float)) else str(value)
+
+
+def _frac(value: Any) -> str:
+    return f"{value:.3f}" if isinstance(value, (int, float)) else str(value)
 
 
 def generate(
@@ -204,13 +307,17 @@ def generate(
     max_new_tokens: Annotated[
         int, typer.Option(help="Stop after this many new tokens (--input: lines' default).")
     ] = 64,
+    max_context: Annotated[
+        int | None,
+        typer.Option(help="With --input: tokens per line, prompt + completion (default 4096, at most the model's)."),
+    ] = None,
     temperature: Annotated[float, typer.Option(help="0 = greedy (--input: lines' default).")] = 0.0,
     top_p: Annotated[float, typer.Option(help="Nucleus sampling mass (with temperature > 0).")] = 1.0,
     seed: Annotated[int, typer.Option(help="Sampling seed (the same on every rank; --input: lines' base seed).")] = 0,
     device: Device = "cpu",
     backend: Backend = "auto",
     trust_remote_code: TrustRemoteCode = False,
-    window_convention: WindowConvention = None,
+    option: ForwardOption = None,
     no_verify: NoVerify = False,
     cuda_graph: CudaGraph = True,
     as_json: Json = False,
@@ -223,20 +330,26 @@ def generate(
     """
     if (prompt is None) == (input_file is None):
         raise UserError("give either --prompt TEXT or --input FILE (with --output FILE)")
+    check_sampling(temperature, top_p, max_new_tokens)
+    sampling = {"max_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p, "seed": seed}
+    run = runtime_args(shards, device, backend, option, no_verify, trust_remote_code, cuda_graph)
     if input_file is not None:
-        generate_file(shards, input_file, output, strict, max_batch, max_new_tokens, temperature, top_p, seed, device,
-                      backend, trust_remote_code, window_convention, no_verify, cuda_graph, as_json)  # fmt: skip
+        generate_file(input_file, output, strict, max_batch, max_context, sampling, run, as_json)
         return
-    if output is not None or strict:
-        raise UserError("--output and --strict go with --input")
+    if output is not None or strict or max_context is not None:
+        raise UserError("--output, --strict and --max-context go with --input")
+    generate_prompt(prompt, sampling, run, as_json)
+
+
+def generate_prompt(prompt: str, sampling: dict[str, Any], run: dict[str, Any], as_json: bool) -> None:
+    """`generate --prompt`: one continuation, streamed to stdout as it is generated."""
     from ..runtime.serving.engine import Runtime, load_tokenizer
     from ..runtime.serving.text import TextStream, decode_kept_specials, stop_token_ids
     from ..shards.manifest import load_manifest
 
-    check_sampling(temperature, top_p, max_new_tokens)
-    check_runtime_options(device, backend)
+    shards, max_new_tokens = Path(run["shards"]), sampling["max_tokens"]
     cfg = load_manifest(shards).config
-    tok = load_tokenizer(shards, trust_remote_code=trust_remote_code)
+    tok = load_tokenizer(shards, trust_remote_code=run["trust_remote_code"])
     ids = list(tok(prompt)["input_ids"])
     if not ids:
         raise UserError("--prompt: the prompt has no tokens")
@@ -245,11 +358,7 @@ def generate(
     show = (as_json or not sys.stdout.isatty()) and os.environ.get("RANK", "0") == "0"
     bar = step_progress("generate", max_new_tokens, enabled=show)
     decode = decode_kept_specials(tok)
-    with (
-        Runtime(shards, device=device, backend=backend, verify_files=not no_verify, cuda_graph=cuda_graph,
-                forward_options=forward_options(window_convention)) as rt,
-        bar as progress,
-    ):  # fmt: skip
+    with Runtime(**run) as rt, bar as progress:
         stream = TextStream(decode)
 
         def on_token(i: int, token: int) -> None:
@@ -260,8 +369,9 @@ def generate(
                 sys.stdout.flush()
 
         start = time.perf_counter()
-        gen = rt.generate([ids], max_new_tokens, eos_token_ids=stop_token_ids(shards, tok), temperature=temperature,
-                          top_p=top_p, seed=seed, on_token=on_token)  # fmt: skip
+        gen = rt.generate([ids], max_new_tokens, eos_token_ids=stop_token_ids(shards, tok),
+                          temperature=sampling["temperature"], top_p=sampling["top_p"], seed=sampling["seed"],
+                          on_token=on_token)  # fmt: skip
         seconds = time.perf_counter() - start
         if not rt.is_main:
             return
@@ -274,11 +384,10 @@ def generate(
             err.print(f"{len(tokens)} tokens in {seconds:.2f} s ({len(tokens) / max(seconds, 1e-9):.1f} tokens/s)")
 
 
-def generate_file(shards: Path, input_file: Path, output: Path | None, strict: bool, max_batch: str,
-                  max_new_tokens: int, temperature: float, top_p: float, seed: int, device: str, backend: str,
-                  trust_remote_code: bool, window_convention: str | None, no_verify: bool, cuda_graph: bool,
-                  as_json: bool) -> None:  # fmt: skip
-    """`generate --input`: the batch file through the online loop (serve/batch.py)."""
+def generate_file(input_file: Path, output: Path | None, strict: bool, max_batch: str, max_context: int | None,
+                  sampling: dict[str, Any], run: dict[str, Any], as_json: bool) -> None:  # fmt: skip
+    """`generate --input`: the batch file through the online loop (serve/batch.py).  Rank 0 takes
+    the output (ours or refused, locked) before the model loads: a refusal comes at once."""
     from ..shards.manifest import load_manifest
 
     if output is None:
@@ -288,24 +397,24 @@ def generate_file(shards: Path, input_file: Path, output: Path | None, strict: b
     if output.resolve() == input_file.resolve():
         raise UserError("--output must not be the --input file")
     check_output_file(output, "--output")
-    check_sampling(temperature, top_p, max_new_tokens)
-    check_runtime_options(device, backend)
-    batch = parse_batch_size(max_batch)
-    if batch != "auto" and int(batch) < 1:
-        raise UserError(f"--max-batch {max_batch}: must be >= 1 or auto")
-    load_manifest(shards)
+    batch = parse_max_batch(max_batch)
+    if max_context is not None and max_context < 2:
+        raise UserError(f"--max-context {max_context}: must be >= 2")
+    manifest = load_manifest(run["shards"])
+    from contextlib import nullcontext
+
     from ..runtime.serving.engine import Runtime
-    from ..serve.batch import run_batch
+    from ..serve.batch import ResultsFile, run_batch, run_header
 
     main = os.environ.get("RANK", "0") == "0"
     bar = RequestProgress(enabled=main and not as_json)
-    defaults = {"max_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p, "seed": seed}
+    header = run_header(manifest, sampling, run["forward_options"])
     with (
-        Runtime(shards, device=device, backend=backend, verify_files=not no_verify, cuda_graph=cuda_graph,
-                trust_remote_code=trust_remote_code, forward_options=forward_options(window_convention)) as rt,
+        ResultsFile(output, header) if main else nullcontext() as results,
+        Runtime(**run) as rt,
         bar,
     ):  # fmt: skip
-        summary = run_batch(rt, str(input_file), str(output), defaults, strict, batch,
+        summary = run_batch(rt, str(input_file), results, sampling, strict, batch, max_context=max_context,
                             on_start=bar.start, on_result=bar.result,
                             on_refused=lambda n, why: bar.warn(f"--input line {n}: {why}"))  # fmt: skip
     if summary is None:  # a torchrun rank other than 0

@@ -6,14 +6,14 @@ from __future__ import annotations
 import logging
 import socket
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
 from ..errors import EnvironmentLimitError, UserError
 from ..serve import API_KEY_ENV  # the package's __init__ imports nothing heavy
-from .options import Backend, CudaGraph, Device, Launch, NoVerify, TrustRemoteCode, WindowConvention
-from .validators import check_runtime_options, forward_options, parse_batch_size
+from .options import Backend, CudaGraph, Device, ForwardOption, Launch, NoVerify, TrustRemoteCode
+from .validators import parse_max_batch, runtime_args
 
 DEFAULT_HOST = "127.0.0.1"
 
@@ -50,7 +50,7 @@ def serve(
     device: Device = "cpu",
     backend: Backend = "auto",
     trust_remote_code: TrustRemoteCode = False,
-    window_convention: WindowConvention = None,
+    option: ForwardOption = None,
     no_verify: NoVerify = False,
     cuda_graph: CudaGraph = True,
 ) -> None:
@@ -60,56 +60,60 @@ def serve(
     Every request goes into the runtime's continuous-batching loop.  Listens on 127.0.0.1 unless
     --host says otherwise; SIGTERM or SIGINT finishes running requests (up to --shutdown-timeout)
     and exits 0.  Under `torchrun` (or with --launch) rank 0 serves and the other ranks follow."""
+    from ..serve.service import switch_interval
     from ..shards.manifest import load_manifest
 
-    check_runtime_options(device, backend)
-    batch = parse_batch_size(max_batch)
-    if batch != "auto" and int(batch) < 1:
-        raise UserError(f"--max-batch {max_batch}: must be >= 1 or auto")
-    for name, value, low in (("--max-queue", max_queue, 0), ("--max-body-bytes", max_body_bytes, 1),
-                             ("--sync-every", sync_every, 1)):  # fmt: skip
-        if value < low:
-            raise UserError(f"{name} {value}: must be >= {low}")
-    if max_context is not None and max_context < 2:
-        raise UserError(f"--max-context {max_context}: must be >= 2")
-    if not 0 <= port <= 65535:
-        raise UserError(f"--port {port}: must be in 0..65535")
-    if shutdown_timeout < 0:
-        raise UserError(f"--shutdown-timeout {shutdown_timeout:g}: must be >= 0")
-    if api_key is not None and not api_key.strip():
-        raise UserError(f"--api-key (or {API_KEY_ENV}) is empty")
-    load_manifest(shards)  # a shard directory, finished: one line now if not
-    from ..serve.service import switch_interval
-
-    switch_interval()  # the GIL knob's value, checked before the model loads
+    run = runtime_args(shards, device, backend, option, no_verify, trust_remote_code, cuda_graph)
     names = list(served_model_name or []) or [str(shards)]
-    runtime = {"shards": str(shards), "device": device, "backend": backend, "trust_remote_code": trust_remote_code,
-               "cuda_graph": cuda_graph, "verify_files": not no_verify,
-               "forward_options": forward_options(window_convention)}  # fmt: skip
     args = {
         "model_id": names[0],
         "host": host,
         "port": port,
-        "loop": {"max_batch": batch, "max_context": max_context, "sync_every": sync_every},
+        "loop": {"max_batch": parse_max_batch(max_batch), "max_context": max_context, "sync_every": sync_every},
         "server": {"served_model_names": names[1:], "max_queue": max_queue, "max_body_bytes": max_body_bytes},
         "shutdown_timeout": shutdown_timeout,
         "log_level": "info" if logging.getLogger().isEnabledFor(logging.INFO) else "warning",
     }
+    check_service_args(args, api_key)
+    load_manifest(shards)  # a shard directory, finished: one line now if not
+    switch_interval()  # the GIL knob's value, checked before the model loads
     if launch:
-        from ..runtime.process.jobs import run_service
-        from ..serve.service import serve_job
-
-        check_port(host, port)  # rank 0 binds it once loaded; a taken port is one line now, not later
-        rc = run_service(serve_job, runtime, args, {API_KEY_ENV: api_key} if api_key else None)
-        if rc != 0:
-            raise EnvironmentLimitError(f"the torchrun ranks of serve exited with code {rc} (their output is above)")
+        serve_on_torchrun(run, args, api_key)
         return
     from ..runtime.serving.engine import Runtime
     from ..serve.service import serve_job
 
     sock = bind(host, port) if _is_rank0() else None
-    with Runtime(**runtime, mode="auto") as rt:
+    with Runtime(**run, mode="auto") as rt:
         serve_job(rt, **args, api_key=api_key, sock=sock)
+
+
+def check_service_args(args: dict[str, Any], api_key: str | None) -> None:
+    """The server's numbers, each refused with one line before anything loads."""
+    loop, server = args["loop"], args["server"]
+    for name, value, low in (("--max-queue", server["max_queue"], 0), ("--max-body-bytes", server["max_body_bytes"], 1),
+                             ("--sync-every", loop["sync_every"], 1)):  # fmt: skip
+        if value < low:
+            raise UserError(f"{name} {value}: must be >= {low}")
+    if loop["max_context"] is not None and loop["max_context"] < 2:
+        raise UserError(f"--max-context {loop['max_context']}: must be >= 2")
+    if not 0 <= args["port"] <= 65535:
+        raise UserError(f"--port {args['port']}: must be in 0..65535")
+    if args["shutdown_timeout"] < 0:
+        raise UserError(f"--shutdown-timeout {args['shutdown_timeout']:g}: must be >= 0")
+    if api_key is not None and not api_key.strip():
+        raise UserError(f"--api-key (or {API_KEY_ENV}) is empty")
+
+
+def serve_on_torchrun(run: dict[str, Any], args: dict[str, Any], api_key: str | None) -> None:
+    """`serve --launch`: fresh torchrun ranks, rank 0 serving (runtime/process/jobs.py:run_service)."""
+    from ..runtime.process.jobs import run_service
+    from ..serve.service import serve_job
+
+    check_port(args["host"], args["port"])  # rank 0 binds it once loaded; a taken port is one line now, not later
+    rc = run_service(serve_job, run, args, {API_KEY_ENV: api_key} if api_key else None)
+    if rc != 0:
+        raise EnvironmentLimitError(f"the torchrun ranks of serve exited with code {rc} (their output is above)")
 
 
 def _is_rank0() -> bool:

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import EnvironmentLimitError, UserError
+from ..token_ids import check_token_ids
 
 
 def int_list(text: str | None, what: str) -> list[int] | None:
@@ -45,9 +46,7 @@ def check_output_dir(path: Path, option: str) -> None:
 def check_tokens(ids: list[int], cfg: Any, new_tokens: int, what: str) -> None:
     """Token ids inside the vocabulary, and the sequence (with the tokens to generate) inside the
     model's positions."""
-    bad = sorted({t for t in ids if not 0 <= t < cfg.vocab_size})
-    if bad:
-        raise UserError(f"{what}: token id(s) {bad[:5]} outside the vocabulary [0, {cfg.vocab_size})")
+    check_token_ids([ids], cfg.vocab_size, what)
     limit = cfg.max_position_embeddings
     if len(ids) + new_tokens > limit:
         extra = f" + {new_tokens} new tokens" if new_tokens else ""
@@ -70,9 +69,35 @@ def check_runtime_options(device: str, backend: str) -> None:
     check_backend(backend, device)
 
 
-def forward_options(window_convention: str | None) -> dict[str, Any]:
-    """The family forward options a command was given (checked against the family when loaded)."""
-    return {} if window_convention is None else {"window_convention": window_convention}
+def forward_options(items: list[str] | None) -> dict[str, str]:
+    """`--option KEY=VALUE` (repeatable) as a dict; the family checks keys and values when the
+    model loads (`Family.check_runtime_options`)."""
+    options: dict[str, str] = {}
+    for item in items or []:
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip():
+            raise UserError(f"--option {item!r}: expected KEY=VALUE")
+        if key.strip() in options:
+            raise UserError(f"--option {key.strip()}: given twice")
+        options[key.strip()] = value.strip()
+    return options
+
+
+def runtime_args(shards: Path, device: str, backend: str, option: list[str] | None, no_verify: bool = False,
+                 trust_remote_code: bool = False, cuda_graph: bool = True) -> dict[str, Any]:  # fmt: skip
+    """The `Runtime` keyword arguments of the options every command that serves the model shares,
+    checked once (device, backend, the `--option` syntax; the family checks the options' names
+    and values when the shards load)."""
+    check_runtime_options(device, backend)
+    return {
+        "shards": str(shards),
+        "device": device,
+        "backend": backend,
+        "trust_remote_code": trust_remote_code,
+        "cuda_graph": cuda_graph,
+        "verify_files": not no_verify,
+        "forward_options": forward_options(option),
+    }
 
 
 def is_shard_dir(path: Path) -> bool:
@@ -103,6 +128,14 @@ def parse_batch_size(text: str) -> int | str:
         return int(text)
     except ValueError:
         raise UserError(f'--batch-size must be a number or "auto", got {text!r}') from None
+
+
+def parse_max_batch(text: str) -> int | str:
+    """--max-batch of generate --input and serve: decode slots (>= 1) or "auto"."""
+    batch = parse_batch_size(text)
+    if batch != "auto" and int(batch) < 1:
+        raise UserError(f"--max-batch {text}: must be >= 1 or auto")
+    return batch
 
 
 def check_eval_numbers(

@@ -26,7 +26,8 @@ from ..digest import SHA256, hash_range, mapped_windows, new_hash
 from ..dtypes import dtype_name
 from ..errors import CheckpointError, OutputExistsError, Plamo2Error, UserError
 from ..jsonio import MANIFEST_BYTES, read_json
-from ..outputs import check_free_space, make_output_dir, refuse_foreign, remove_outputs
+from ..kinds import CONVERT_KIND, CONVERT_SCHEMA_VERSION  # what `convert --json` is (ConvertResult.summary)
+from ..outputs import check_free_space, make_output_dir, refuse_foreign, remove_outputs, untrusted_record
 from ..safe_files import copy_file
 from ..safetensors_io import PartialFile, fsync_dir, fsync_path, read_header
 from ..shards.formats import HASH, WRITTEN, combine_file_digest, header_bytes
@@ -41,10 +42,6 @@ from .writer import CHUNK_BYTES, COPY_MODES, Cancelled, Job, Writer, default_wor
 log = logging.getLogger("plamo2_tools.convert")
 __all__ = ["CHUNK_BYTES", "COPY_MODES", "ConvertResult", "convert", "plan_only"]
 Progress = Callable[[int], None]
-# `convert --json` (ConvertResult.summary): `plamo2-tools report` recognises it by this kind and
-# version.  Bump the version when a field changes meaning or goes away (adding one is compatible).
-CONVERT_KIND = "plamo2-convert"
-CONVERT_SCHEMA_VERSION = 1
 
 
 @dataclass
@@ -90,7 +87,11 @@ class ConvertResult:
 def _clear_outputs(out: Path) -> None:
     """Remove what earlier conversions of ours wrote, as their manifest and journal list it, and
     nothing else (manifest first: never look complete; journal last: it is the record)."""
-    remove_outputs(out, convert_outputs(out) | {MANIFEST_NAME}, first=MANIFEST_NAME)
+    try:
+        ours = convert_outputs(out)
+    except Plamo2Error as e:  # a manifest or journal naming `../x`: not a record to delete by
+        raise untrusted_record(e, out) from None
+    remove_outputs(out, ours | {MANIFEST_NAME}, first=MANIFEST_NAME)
     Journal(out).remove()
 
 
@@ -117,15 +118,15 @@ def _space_needed(source: Source, files: list[FilePlan]) -> int:
     return sum(f.layout.size for f in files) + sides + 1024 * sum(len(f.tensors) for f in files) + 65536
 
 
-def _prepare_output(out: Path, plan: Plan, force: bool, writes: list[str]) -> dict[str, dict[str, Any]]:
-    """Decide fresh / resume / up-to-date / refuse.  Returns journal records worth reusing.
-    The caller holds OUT's lock."""
+def _prepare_output(out: Path, plan: Plan, force: bool, writes: list[str]) -> dict[str, dict[str, Any]] | None:
+    """Decide fresh / resume / up-to-date / refuse.  Returns the journal records worth reusing, or
+    None when OUT already holds this very conversion, complete.  The caller holds OUT's lock."""
     manifest = out / MANIFEST_NAME
     journal = Journal(out)
     if manifest.exists() or manifest.is_symlink():
         old = _old_fingerprint(manifest)
         if old == plan.fingerprint and not force:
-            return {"__complete__": {}}
+            return None
         if not force:
             raise OutputExistsError(f"{out} holds a different completed conversion; use --force to replace it")
         _clear_outputs(out)
@@ -346,16 +347,34 @@ def convert(
         raise UserError(f"--copy must be one of {', '.join(COPY_MODES)}, not {copy!r}")
     if workers is not None and workers < 1:
         raise UserError(f"--workers must be at least 1, not {workers}")
-    options = _Options(copy, workers or default_workers(), verify_blobs, sync)
-    return _convert(src, Path(out), tp, pp, pp_layers, dtype, max_part_size, force, progress, on_plan, options)
+    request = _Request(src, Path(out), tp, pp, pp_layers, dtype, max_part_size, force, copy,
+                       workers or default_workers(), verify_blobs, sync)  # fmt: skip
+    return _convert(request, progress, on_plan)
 
 
 @dataclass(frozen=True)
-class _Options:
+class _Request:
+    """What `convert` was asked, checked."""
+
+    src: str | Path
+    out: Path
+    tp: int
+    pp: int
+    pp_layers: list[int] | None
+    dtype: str
+    max_part_size: int | None
+    force: bool
     copy: str
     workers: int
     verify_blobs: bool
     sync: str
+
+    def plan(self, source: Source) -> Plan:
+        problems = output_path_problems(source.path, self.out)
+        if problems:
+            raise UserError("; ".join(problems))
+        kwargs = {} if self.max_part_size is None else {"max_part_size": self.max_part_size}
+        return make_plan(source, self.tp, self.pp, self.pp_layers, self.dtype, **kwargs)
 
 
 def _locked(progress: Progress | None) -> Progress | None:
@@ -371,99 +390,118 @@ def _locked(progress: Progress | None) -> Progress | None:
     return report
 
 
-def _convert(
-    src: str | Path,
-    out: Path,
-    tp: int,
-    pp: int,
-    pp_layers: list[int] | None,
-    dtype: str,
-    max_part_size: int | None,
-    force: bool,
-    progress: Progress | None,
-    on_plan: Callable[[Plan], None] | None,
-    options: _Options,
-) -> ConvertResult:
+def _convert(req: _Request, progress: Progress | None, on_plan: Callable[[Plan], None] | None) -> ConvertResult:
+    """Plan, then hold OUT's lock while `_Run` writes it; the lock goes only after every worker
+    has stopped, and the source is closed last."""
     start = time.perf_counter()
-    source = open_source(src)
+    source = open_source(req.src)
     lock: OutputLock | None = None
     try:
-        problems = output_path_problems(source.path, out)
-        if problems:
-            raise UserError("; ".join(problems))
-        kwargs = {} if max_part_size is None else {"max_part_size": max_part_size}
-        plan = make_plan(source, tp, pp, pp_layers, dtype, **kwargs)
-        ensure_not_being_written(out)  # a second writer stops here, before hashing a shard source
-        pool = ThreadPoolExecutor(options.workers, thread_name_prefix="plamo2-convert")
+        plan = req.plan(source)
+        ensure_not_being_written(req.out)  # a second writer stops here, before hashing a shard source
+        pool = ThreadPoolExecutor(req.workers, thread_name_prefix="plamo2-convert")
         try:
             # Shards as input are checked against their manifest before OUT is touched; their
             # digests then serve as our input record (an HF source is hashed while we copy).
             known_inputs = source.verify(pool) if isinstance(source, ShardSource) else None
-            make_output_dir(out)
-            lock = OutputLock(out, "convert")  # held until the manifest is written and the journal gone
-            records = _prepare_output(out, plan, force, _writes(source, plan))
-            if "__complete__" in records:
-                manifest = read_json(out / MANIFEST_NAME, MANIFEST_BYTES)
-                return ConvertResult(out, plan, "up-to-date", time.perf_counter() - start, 0, manifest=manifest)
-            # Per file, not per unit: a kill between two files of one unit keeps the finished one
-            # (docs/shard-format.md: "skips the finished files whose digests match").
-            reused = [f.name for u in plan.units for f in u if _verified(out, f, records, pool)]
-            todo = [kept for u in plan.units if (kept := [f for f in u if f.name not in reused])]
-            if reused:
-                log.info("resuming: %d finished file(s) verified and kept", len(reused))
-            check_free_space(out, _space_needed(source, [f for u in todo for f in u]), "the conversion")
-            if on_plan:
-                on_plan(plan)
-            journal = Journal(out)
-            writer = Writer(source, HASH, options.copy, _locked(progress))
-            inputs = None
-            if known_inputs is None:
-                inputs = _InputDigests(source, pool, options.verify_blobs, writer.cancel)
-            written = 0
-            try:
-                with ThreadPoolExecutor(max_workers=2, thread_name_prefix="plamo2-finish") as finisher:
-                    finishing: list[Future] = []
-                    for unit in todo:
-                        parts: dict[str, PartialFile] = {}
-                        try:
-                            for f in unit:
-                                parts[f.name] = PartialFile(out / f.name, f.layout)
-                            digests = _stream_unit(writer, pool, unit, parts, inputs)
-                        except BaseException:
-                            for part in parts.values():
-                                part.abort()
-                            raise
-                        written += sum(f.layout.size - len(f.layout.header) for f in unit)
-                        finishing += [finisher.submit(_finish_file, parts[f.name], f, digests[f.name], journal,
-                                                      options.sync) for f in unit]  # fmt: skip
-                    for fut in finishing:
-                        fut.result()
-                input_digests = known_inputs if inputs is None else inputs.result()
-                copied = _copy_side_files(source, out, options.sync)
-                if options.sync == "end":  # reused files too: an interrupted run may not have synced them
-                    # (the side files were fsynced as they were copied: _copy_side_files)
-                    list(pool.map(fsync_path, [out / f.name for f in plan.files]))
-            except BaseException:
-                writer.cancel.set()  # also stops a blob's sha256 still running
-                raise
-            finally:
-                writer.close()
+            make_output_dir(req.out)
+            lock = OutputLock(req.out, "convert")  # held until the manifest is written and the journal gone
+            return _Run(req, source, plan, pool, progress).run(known_inputs, on_plan, start)
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
-        finished = {**records, **(journal.finished(plan.fingerprint) or {})}
-        if options.sync != "none":
-            fsync_dir(out)  # the renames, before a manifest can vouch for the files
-        manifest = _manifest(source, plan, finished, input_digests, copied)
-        write_manifest(out, manifest)
-        journal.remove()
-        fsync_dir(out)
-        status = "resumed" if reused else "converted"
-        copy = {"mode": options.copy, "workers": options.workers, "sync": options.sync, "bytes": dict(writer.stats)}
-        return ConvertResult(out, plan, status, time.perf_counter() - start, written, reused, manifest, copy)
     finally:
         if lock is not None:
             lock.release()
         source.close()
+
+
+class _Run:
+    """One conversion into OUT under its lock: keep the finished files that still verify, write the
+    others unit by unit (their digests into the journal as each file finishes), then the side
+    files, fsync as `sync` says, and the manifest last."""
+
+    def __init__(self, req: _Request, source: Source, plan: Plan, pool: ThreadPoolExecutor,
+                 progress: Progress | None) -> None:  # fmt: skip
+        self.req, self.out, self.source, self.plan, self.pool = req, req.out, source, plan, pool
+        self.journal = Journal(req.out)
+        self.writer = Writer(source, HASH, req.copy, _locked(progress))
+
+    def run(self, known_inputs: dict[str, dict[str, Any]] | None, on_plan: Callable[[Plan], None] | None,
+            start: float) -> ConvertResult:  # fmt: skip
+        req, out, plan = self.req, self.out, self.plan
+        records = _prepare_output(out, plan, req.force, _writes(self.source, plan))
+        if records is None:
+            manifest = read_json(out / MANIFEST_NAME, MANIFEST_BYTES)
+            return ConvertResult(out, plan, "up-to-date", time.perf_counter() - start, 0, manifest=manifest)
+        # Per file, not per unit: a kill between two files of one unit keeps the finished one
+        # (docs/shard-format.md: "skips the finished files whose digests match").
+        reused = [f.name for u in plan.units for f in u if _verified(out, f, records, self.pool)]
+        todo = [kept for u in plan.units if (kept := [f for f in u if f.name not in reused])]
+        if reused:
+            log.info("resuming: %d finished file(s) verified and kept", len(reused))
+        check_free_space(out, _space_needed(self.source, [f for u in todo for f in u]), "the conversion")
+        if on_plan:
+            on_plan(plan)
+        written, input_digests, copied = self.write(todo, known_inputs)
+        finished = {**records, **(self.journal.finished(plan.fingerprint) or {})}
+        if req.sync != "none":
+            fsync_dir(out)  # the renames, before a manifest can vouch for the files
+        manifest = _manifest(self.source, plan, finished, input_digests, copied)
+        write_manifest(out, manifest)
+        self.journal.remove()
+        fsync_dir(out)
+        status = "resumed" if reused else "converted"
+        copy = {"mode": req.copy, "workers": req.workers, "sync": req.sync, "bytes": dict(self.writer.stats)}
+        return ConvertResult(out, plan, status, time.perf_counter() - start, written, reused, manifest, copy)
+
+    def write(self, todo: list[list[FilePlan]], known_inputs: dict[str, dict[str, Any]] | None
+              ) -> tuple[int, dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:  # fmt: skip
+        """Every file of `todo`, the input record and the side files: (bytes written, input
+        digests, side-file records).  A failure or an interrupt stops every job first."""
+        inputs = None
+        if known_inputs is None:
+            inputs = _InputDigests(self.source, self.pool, self.req.verify_blobs, self.writer.cancel)
+        try:
+            written = self._write_units(todo, inputs)
+            input_digests = known_inputs if inputs is None else inputs.result()
+            copied = _copy_side_files(self.source, self.out, self.req.sync)
+            if self.req.sync == "end":  # reused files too: an interrupted run may not have synced them
+                # (the side files were fsynced as they were copied: _copy_side_files)
+                list(self.pool.map(fsync_path, [self.out / f.name for f in self.plan.files]))
+        except BaseException:
+            self.writer.cancel.set()  # also stops a blob's sha256 still running
+            raise
+        finally:
+            self.writer.close()
+        return written, input_digests, copied
+
+    def _write_units(self, todo: list[list[FilePlan]], inputs: _InputDigests | None) -> int:
+        """Stream each unit's files; each file is finished (renamed, journaled) on a second pool
+        while the next unit streams."""
+        written = 0
+        with ThreadPoolExecutor(max_workers=2, thread_name_prefix="plamo2-finish") as finisher:
+            finishing: list[Future] = []
+            for unit in todo:
+                parts, digests = self._stream(unit, inputs)
+                written += sum(f.layout.size - len(f.layout.header) for f in unit)
+                finishing += [finisher.submit(_finish_file, parts[f.name], f, digests[f.name], self.journal,
+                                              self.req.sync) for f in unit]  # fmt: skip
+            for fut in finishing:
+                fut.result()
+        return written
+
+    def _stream(self, unit: list[FilePlan], inputs: _InputDigests | None
+                ) -> tuple[dict[str, PartialFile], dict[str, dict[str, str]]]:  # fmt: skip
+        """One unit's `.partial` files, written; on failure none of them is left behind."""
+        parts: dict[str, PartialFile] = {}
+        try:
+            for f in unit:
+                parts[f.name] = PartialFile(self.out / f.name, f.layout)
+            return parts, _stream_unit(self.writer, self.pool, unit, parts, inputs)
+        except BaseException:
+            for part in parts.values():
+                part.abort()
+            raise
 
 
 def _manifest(

@@ -10,7 +10,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import __version__
 from ..dtypes import FLOAT_DTYPES, DType, dtype_name
 from ..errors import UserError, os_error
 from ..model import family_of, hf_tensor_shapes
@@ -18,6 +17,7 @@ from ..model.layout import CONSTANT, OutputTensor, make_mapping, rank_tensors
 from ..parallel import Mapping
 from ..safetensors_io import FileLayout, plan_file
 from ..shards.manifest import FORMAT_VERSION, file_metadata, file_name
+from ..version import __version__
 from .sources import Source
 
 OUT_DTYPES: dict[str, DType | None] = {"auto": None, **FLOAT_DTYPES}

@@ -24,6 +24,7 @@ from ..shards.integrity import verify_shard_files
 from ..shards.journal import JOURNAL_NAME
 from ..shards.manifest import MANIFEST_NAME, Manifest, load_manifest
 from ..shards.owned import ensure_readable_checkpoint
+from ..tokenizer.vocab import check_vocab_file
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".partial", ".tmp")
 NOT_COPIED = ("model.safetensors.index.json", MANIFEST_NAME)
@@ -96,6 +97,8 @@ class HFSource:
         self.ckpt = HFCheckpoint(path)
         self.ckpt.check_inventory()
         self.path = self.ckpt.path
+        if (self.path / "tokenizer.jsonl").is_file():  # a tokenizer no run can load is not copied
+            check_vocab_file(self.path / "tokenizer.jsonl")
         self.config = self.ckpt.config
         self._tensors = {n: SourceTensor(n, i.dtype, i.shape) for n, i in self.ckpt.tensors.items()}
 

@@ -51,8 +51,11 @@ class Finding:
 def read_metadata(path: str | Path) -> dict[str, Any]:
     """Every key/value of a GGUF file (the `gguf` package's reader), arrays as lists; one line
     when the file is not GGUF."""
-    import gguf
-
+    try:
+        import gguf
+    except ImportError:
+        why = "reading a GGUF file needs the gguf package (pip install 'plamo2-tools[gguf]')"
+        raise EnvironmentLimitError(why) from None
     try:
         reader = gguf.GGUFReader(str(path))
     except (ValueError, OSError, IndexError, KeyError) as e:
@@ -64,6 +67,27 @@ def read_metadata(path: str | Path) -> dict[str, Any]:
         except (ValueError, IndexError):
             out[key] = None
     return out
+
+
+# llama.cpp's file types (LLAMA_FTYPE, gguf.LlamaFileType) that are plain float dtypes: the
+# thresholds `verify` judges them by (deploy/compare.THRESHOLDS); any other type is "quantized".
+FLOAT_FILE_TYPES = {0: "float32", 1: "float16", 32: "bfloat16"}
+
+
+def precision_of(meta: dict[str, Any]) -> str | None:
+    """The precision a GGUF declares (`general.file_type`): float32 / float16 / bfloat16, or the
+    quantization's name ("q8_0", "q4_k_m", ...); None when the file does not say."""
+    ftype = meta.get("general.file_type")
+    if not isinstance(ftype, int) or isinstance(ftype, bool):
+        return None
+    if ftype in FLOAT_FILE_TYPES:
+        return FLOAT_FILE_TYPES[ftype]
+    import gguf
+
+    try:
+        return gguf.LlamaFileType(ftype).name.removeprefix("MOSTLY_").lower()
+    except ValueError:
+        return f"file_type {ftype}"
 
 
 def _close(a: Any, b: Any) -> bool:
@@ -247,18 +271,20 @@ class GGUFTarget:
     top_k = 0
 
     def __init__(self, spec: str, reference: str | Path | None = None, n_ctx: int = 4096,
-                 n_threads: int | None = None, **options: Any) -> None:  # fmt: skip
+                 n_threads: int | None = None, vocab_size: int | None = None, **options: Any) -> None:  # fmt: skip
         self.location = spec
+        self.llm: Any = None
         path = Path(spec)
         if not path.is_file():
             raise UserError(f"{spec}: no such GGUF file")
+        try:  # checked first: `verify` refuses a target it cannot run before any work, in open_target's words
+            import gguf  # noqa: F401
+            import llama_cpp
+        except ImportError as e:
+            raise UserError(f"{spec}: verifying a gguf target needs {e.name or 'llama_cpp'} "
+                            "(pip install 'plamo2-tools[gguf]'; bench/llama_cpp.sh)") from None  # fmt: skip
         self.metadata = read_metadata(path)
         self.findings = lint(self.metadata, reference) if reference is not None else []
-        try:
-            import llama_cpp
-        except ImportError:
-            why = "verifying a GGUF file needs llama-cpp-python (pip install 'plamo2-tools[gguf]'; bench/llama_cpp.sh)"
-            raise EnvironmentLimitError(why) from None
         self._llama_cpp = llama_cpp
         _capture_llama_log(llama_cpp)
         self.n_ctx = n_ctx
@@ -273,6 +299,8 @@ class GGUFTarget:
                 f"{spec}: llama.cpp cannot load it ({why})" + (f"; {known[0]}" if known else "")
             ) from None
         self.vocab = int(self.llm.n_vocab())
+        # Scores are over the model's vocabulary (target.py); a GGUF's vocabulary is the config's.
+        self.model_vocab = min(self.vocab, vocab_size) if vocab_size else self.vocab
 
     def info(self) -> dict[str, Any]:
         m = self.metadata
@@ -282,6 +310,7 @@ class GGUFTarget:
             "model": self.location,
             "architecture": arch,
             "file_type": m.get("general.file_type"),
+            **({"precision": p} if (p := precision_of(m)) else {}),
             "rope_base": m.get(f"{arch}.rope.freq_base"),
             "rope_base_swa": m.get(f"{arch}.rope.freq_base_swa"),
             "sliding_window": m.get(f"{arch}.attention.sliding_window"),
@@ -306,7 +335,7 @@ class GGUFTarget:
             raise UserError(f"token id(s) {bad[:5]} outside the GGUF vocabulary [0, {self.vocab})")
         self.llm.reset()
         self.llm.eval(list(map(int, seq)))
-        return np.array(self.llm.scores[: len(seq)], dtype=np.float32)
+        return np.array(self.llm.scores[: len(seq), : self.model_vocab], dtype=np.float32)
 
     def logits(self, seq: Sequence[int]) -> np.ndarray:
         """Raw float32 logits of every position (what llama.cpp computed), for callers that compare
@@ -336,7 +365,7 @@ class GGUFTarget:
                     if len(prompt) + len(tokens) > self.n_ctx:
                         break
                     self.llm.eval([token])
-                    logits = np.array(self.llm.scores[self.llm.n_tokens - 1], dtype=np.float32)
+                    logits = np.array(self.llm.scores[self.llm.n_tokens - 1, : self.model_vocab], dtype=np.float32)
             finish = "length" if len(tokens) == max_new_tokens else "context"
             out.append(Continuation(tokens, chosen, np.stack(rows) if rows else None, finish_reason=finish))
         return out

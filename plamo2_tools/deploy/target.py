@@ -15,6 +15,7 @@ comparison says which kind of KL it computed.
 from __future__ import annotations
 
 import importlib
+import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,7 +57,10 @@ class Target(Protocol):
 
     def info(self) -> dict[str, Any]:
         """What runs the model, for the report: runtime name and version, model id, dtype or
-        quantization, what the target declares about RoPE, windows, end-of-text ids."""
+        quantization, what the target declares about RoPE, windows, end-of-text ids.  The key
+        `precision` ("float32", "bfloat16", "float16", or a quantization such as "q8_0"), when
+        the target knows it, picks the thresholds (`compare.THRESHOLDS`; any other name is judged
+        as "quantized"); a target that cannot know it (a server) leaves it out."""
         ...
 
     def can_score(self) -> bool:
@@ -114,11 +118,17 @@ def detect_kind(spec: str) -> str:
 
 
 def open_target(kind: str, spec: str, **options: Any) -> Target:
-    """Open a target of `kind` (see TARGETS); options are the adapter's own keyword arguments."""
+    """Open a target of `kind` (see TARGETS).  `options` are what `verify` knows (the reference's
+    `vocab_size`, `token_texts`, the runtime's `device`, a server's `api_key`, ...); each adapter
+    gets those its constructor names (all of them if it takes **kwargs), so one call opens any
+    kind and an adapter declares only what it uses."""
     module, _, cls = TARGETS[kind].partition(":")
     try:
         adapter = getattr(importlib.import_module(module), cls)
     except ImportError as e:
         raise UserError(f"{spec}: verifying a {kind} target needs {e.name or 'an optional package'} "
                         f"(pip install 'plamo2-tools[{kind}]')") from None  # fmt: skip
+    params = inspect.signature(adapter).parameters
+    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        options = {k: v for k, v in options.items() if k in params}
     return adapter(spec, **options)

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import Plamo2Error, UserError
+from ..kinds import EVAL_KIND, EVAL_SCHEMA_VERSION
 from ..runtime.process.jobs import run_job
 from ..runtime.process.result_io import result_type
 from ..safetensors_io import atomic_write_text
@@ -36,11 +37,8 @@ from .hf_offline import hf_offline, offline_env
 SUPPORTED_TASKS = ("gsm8k",)
 STABLE_RESULTS_NAME = "results.json"
 # results.json and `eval --json`: lm-eval's aggregated results object (results, versions, n-shot,
-# config, ...) as lm-eval 0.4 writes it, tagged with this kind and version so that `plamo2-tools
-# report` knows it for ours; lm-eval's own results_<date>.json beside it stays untouched.  Bump the
-# version when a field of ours changes meaning or goes away (adding one is compatible).
-EVAL_KIND = "plamo2-eval"
-EVAL_SCHEMA_VERSION = 1
+# config, ...) as lm-eval 0.4 writes it, tagged with EVAL_KIND and EVAL_SCHEMA_VERSION (kinds.py) so
+# that `plamo2-tools report` knows it for ours; lm-eval's own results_<date>.json beside it stays untouched.
 
 
 @dataclass

@@ -16,6 +16,7 @@ lm-eval's CLI as ``--model plamo2 --model_args pretrained=<shard dir>`` (see `lm
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -30,11 +31,11 @@ from lm_eval.models.utils import Collator, has_bos_prefix, maybe_truncate
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from tqdm import tqdm
 
-from .. import __version__
 from ..dtypes import dtype_name
 from ..errors import UserError
 from ..kernels.devices import check_backend, check_device
 from ..runtime.serving.engine import Runtime, load_tokenizer
+from ..version import __version__
 from .stop_rules import (
     DEFAULT_MAX_GEN_TOKS,
     GenSettings,
@@ -65,13 +66,25 @@ class Plamo2LM(TemplateLM):
 
     @classmethod
     def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None) -> Plamo2LM:
+        """lm-eval's `--model_args` as a string (the Python API's form): the rule of `create_from_arg_obj`."""
+        from lm_eval.utils import simple_parse_args_string
+
+        return cls.create_from_arg_obj(simple_parse_args_string(arg_string), additional_config)
+
+    @classmethod
+    def create_from_arg_obj(cls, arg_dict: dict[str, Any], additional_config: dict | None = None) -> Plamo2LM:
         """lm-eval's `--model_args` plus the settings its CLI adds (`device`, `batch_size`,
         `max_batch_size`).  lm-eval passes both as keywords, so a key in both (`device=cpu` in
         --model_args) was a TypeError.  The rule: what --model_args says wins; a different value
-        from lm-eval's own option is named in a warning."""
-        from lm_eval.utils import simple_parse_args_string
-
-        args = simple_parse_args_string(arg_string)
+        from lm-eval's own option is named in a warning.  lm-eval 0.4.13's CLI parses --model_args
+        itself and calls this one, not `create_from_arg_string` (issue 28: still exit 70 there).
+        A key the model does not take is one line, not a TypeError."""
+        args = dict(arg_dict)
+        known = set(inspect.signature(cls.__init__).parameters) - {"self", "runtime"}
+        unknown = sorted(set(args) - known)
+        if unknown:
+            raise UserError(f"--model_args: the plamo2 model takes no {', '.join(unknown)} "
+                            f"(it takes {', '.join(sorted(known))})")  # fmt: skip
         added = {k: v for k, v in (additional_config or {}).items() if v is not None}
         for key in sorted(set(args) & set(added)):
             if str(args[key]) != str(added[key]):
@@ -97,7 +110,7 @@ class Plamo2LM(TemplateLM):
         pp: int | None = None,
         continuous_batching: bool | str = True,
         cuda_graph: bool | str = True,
-        window_convention: str | None = None,
+        **forward_options: Any,
     ) -> None:
         """`pretrained` is a shard directory (lm-eval names its output directory after it); pass a
         loaded `runtime` instead to share one between evaluations.  `tp` / `pp` are optional checks
@@ -108,7 +121,9 @@ class Plamo2LM(TemplateLM):
         next request; off: lm-eval's fixed batches of `batch_size`, each run to its longest answer.
         Results are the same either way.  `batch_size="auto"` (default): as many sequences as the
         device's memory holds (reported in the results' config as `auto_batch`).
-        `cuda_graph=false` keeps decode eager on CUDA."""
+        `cuda_graph=false` keeps decode eager on CUDA.  Any other argument is a choice of the model
+        family's forward (`--option` of the commands, e.g. PLaMo 3's ``window_convention=vllm``),
+        checked by the family when the shards load."""
         super().__init__()
         self.device_name = _usable_device(device)
         if runtime is None:
@@ -122,7 +137,7 @@ class Plamo2LM(TemplateLM):
                 backend=backend,
                 prefill_chunk=prefill_chunk,
                 cuda_graph=_flag(cuda_graph),
-                forward_options={} if window_convention is None else {"window_convention": window_convention},
+                forward_options=forward_options,
             )
         self.runtime = runtime
         self.path = Path(pretrained) if pretrained is not None else runtime.path

@@ -27,12 +27,12 @@ from typing import Any
 
 import gguf
 
-from .. import __version__
 from ..errors import Plamo2Error, UserError
 from ..jsonio import CONFIG_BYTES, MiB, parse_json
 from ..model.gguf import GGUFArch
 from ..safe_files import ensure_inside_source, read_regular
 from ..tokenizer.vocab import read_rows
+from ..version import __version__
 
 OWN_KEY = "plamo2_tools.export"
 MODEL_CARD_FILES = {"README.md": 4 * MiB, "config.json": CONFIG_BYTES, "generation_config.json": CONFIG_BYTES}

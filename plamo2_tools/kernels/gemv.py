@@ -25,7 +25,7 @@ _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 # One row: the decode step of one sequence.  Two or more rows go to cuBLAS: measured on an H200
 # (reports/e2e/session3/bench_runtime_1b.json) a multi-row variant of this kernel lost badly (2.3k
 # against 5.9k tokens/s at batch 8), and at batch 1 the question is decided per run by measurement
-# (PLAMO2_GEMV=0 turns this kernel off; bench/runtime.py --gemv-ab times both in one process).
+# (PLAMO2_GEMV=0 turns this kernel off: `python -m bench throughput` run with and without it).
 GEMV_MAX_M = 1
 
 if _INTERPRET:  # one config: multi-config autotune needs a GPU driver

@@ -38,9 +38,9 @@ import torch
 import triton
 import triton.language as tl
 
-from plamo2_tools import __version__
 from plamo2_tools.kernels.triton_math import dot, silu, softplus
 from plamo2_tools.kernels.tune_cache import TuneCache, key_of
+from plamo2_tools.version import __version__
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 

@@ -3,7 +3,7 @@ layout engine that turns a family's tensor table into per-rank tensors, the HF c
 reader/writer, the float64 operation oracles, synthetic checkpoints, and one folder per family
 (`plamo2/`).  Nothing here imports the converter, the shard format or the runtime."""
 
-from .family import Family, ModelConfig, Variant
+from .family import Family, ModelConfig, RuntimeOption, Variant
 from .registry import (
     FAMILIES,
     config_from_dict,
@@ -20,6 +20,7 @@ __all__ = [
     "FAMILIES",
     "Family",
     "ModelConfig",
+    "RuntimeOption",
     "Variant",
     "config_from_dict",
     "family_for",

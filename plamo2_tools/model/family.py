@@ -59,6 +59,26 @@ class Variant:
     differences: tuple[str, ...] = ()  # what differs from the family's base, for `inspect` and docs
 
 
+@dataclass(frozen=True)
+class RuntimeOption:
+    """A choice a family's forward offers the user, as vLLM passes model-owned options through one
+    dict: `--option NAME=VALUE` on every command that runs the model, `NAME=VALUE` in lm-eval's
+    model args, `forward_options` in the library.  The family's reference and rank forwards get
+    the value as the keyword `name`."""
+
+    name: str
+    choices: tuple[str, ...]  # the values it takes; the first is the default
+    help: str  # one line: what it changes
+
+    @property
+    def default(self) -> str:
+        return self.choices[0]
+
+    def describe(self) -> str:
+        """One line for `--help`: name, values, default and what it changes."""
+        return f"{self.name}={'|'.join(self.choices)} (default {self.default}): {self.help}"
+
+
 class Family:
     """The base every family subclasses; class attributes are the facts, methods the rules."""
 
@@ -69,6 +89,10 @@ class Family:
     config_class: ClassVar[type]  # from_dict(raw, source) -> config, to_dict()
     tensors: ClassVar[tuple[TensorKind, ...]]  # THE table (model/<family>/tensors.py)
     extras: ClassVar[tuple[TensorKind, ...]] = ()  # constants vLLM's state holds beyond the weights
+    # FP8 exports (export/fp8.py): the layer linears (table `hf` names) quantized, and those a consumer builds
+    # quantizable that stay in the source dtype (named in the checkpoint's `ignore` list).
+    fp8_quantized: ClassVar[tuple[str, ...]] = ()
+    fp8_kept: ClassVar[tuple[str, ...]] = ()
     presets: ClassVar[dict[str, dict[str, Any]]] = {}  # synth presets: raw config.json values
     tiny_presets: ClassVar[tuple[str, ...]] = ()  # the presets tests run every layout of
     layer_prefix: ClassVar[str] = "model.layers.layers.{}."
@@ -77,6 +101,10 @@ class Family:
     head_name: ClassVar[str] = "lm_head.weight"
     # The tensor whose dtype is the activation dtype of a converted model (older manifests).
     activation_tensor: ClassVar[str] = "mlp.gate_up_proj.weight"
+    runtime_options: ClassVar[tuple[RuntimeOption, ...]] = ()  # what `--option` may choose
+    # Which PLaMo tokenizer its checkpoints carry when their tokenizer_config.json names no class
+    # (tokenizer.FLAVOURS: "plamo2" or "plamo3"); synth writes this one.
+    tokenizer_flavour: ClassVar[str] = "plamo2"
     # What the family is as a GGUF file for llama.cpp (model/<family>/gguf.py; None: no llama.cpp
     # architecture for it): names, metadata, what llama.cpp's graph does differently.
     gguf: ClassVar[GGUFArch | None] = None
@@ -167,24 +195,25 @@ class Family:
         """One rank's forward over its stage's layers with its TP-sharded weights (the runtime's)."""
         raise NotImplementedError
 
-    def runtime_options(self) -> dict[str, tuple[Any, ...]]:
-        """Options of the forward a user may choose (e.g. PLaMo 3's window convention), with their
-        values; the first value is the default."""
-        return {}
+    def mlx_layout(self) -> Any:
+        """How mlx-lm holds this family (a `model.mlx.MLXLayout`, from `model/<family>/mlx.py`), or
+        None when mlx-lm has no model for it (`export mlx` refuses then)."""
+        return None
 
-    def check_runtime_options(self, options: dict[str, Any]) -> dict[str, Any]:
-        """The options with defaults filled in; an unknown option or value is one line (exit 2)."""
+    def check_runtime_options(self, options: dict[str, Any]) -> dict[str, str]:
+        """Every declared option with its value (the given one, else its default); an unknown
+        option or value is one line (exit 2).  Values are strings (`--option KEY=VALUE`, lm-eval's
+        model args); any other value is compared as its text."""
         from ..errors import UserError
 
-        known = self.runtime_options()
+        known = {o.name: o for o in self.runtime_options}
         for key, value in options.items():
             if key not in known:
-                raise UserError(f"{self.description}: no forward option {key!r}"
-                                + (f" (it has {', '.join(known)})" if known else " (it has none)"))  # fmt: skip
-            if value not in known[key]:
-                choices = ", ".join(map(str, known[key]))
-                raise UserError(f"{key} {value!r} is not one of {choices}")
-        return {key: options.get(key, values[0]) for key, values in known.items()}
+                has = f" (it has {', '.join(known)})" if known else " (it has none)"
+                raise UserError(f"{self.description}: no forward option {key!r}{has}")
+            if str(value) not in known[key].choices:
+                raise UserError(f"{key} {str(value)!r} is not one of {', '.join(known[key].choices)}")
+        return {name: str(options.get(name, o.default)) for name, o in known.items()}
 
     def __repr__(self) -> str:
         return f"<family {self.name}>"

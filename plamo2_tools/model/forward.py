@@ -15,14 +15,16 @@ hidden into residual first, so the PP hand-over is that pair.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, Protocol
+from dataclasses import dataclass, fields
+from typing import Any, ClassVar, Protocol, TypeVar
 
 import torch
 
 from ..parallel import RankInfo
+from .plamo import NORM_OFFSETS
 
 Tensor = torch.Tensor
+StateT = TypeVar("StateT", bound="MixerState")
 
 
 @dataclass
@@ -39,52 +41,82 @@ class Batch:
     logits_index: Tensor | None = None  # token indices whose logits are wanted (None: all)
 
 
-@dataclass
-class LayerState:
-    """Inference state of one layer for a batch of S sequences: a Mamba layer's conv state and
-    float32 SSM state, or an attention layer's KV cache (every position; a sliding-window layer
-    attends to the last keys of it through its mask)."""
+class MixerState:
+    """One layer's inference state for S sequences, as its mixer defines it (mlx-lm's cache objects
+    are the model): a dataclass of tensors whose first dimension is the sequence.  Those named in
+    `per_token` hold one entry per position in their second dimension (a KV cache of `capacity`
+    positions); the others a fixed size per sequence (a Mamba state).  The runtime takes subsets,
+    moves rows between slot pools and counts bytes only through the methods below, so a family's
+    new kind of state (its own subclass, in its own folder) needs no change in the runtime.
 
-    conv: Tensor | None = None  # (S, I/tp, K-1): last K-1 raw conv inputs, oldest first
-    ssm: Tensor | None = None  # (S, Hm/tp, d, N) float32
-    k: Tensor | None = None  # (S, capacity, Hkv_r, d)
-    v: Tensor | None = None
+    Subclasses are `@dataclass`es whose fields are exactly their tensors (`KVCache` here,
+    `model/plamo2/layers.py:MambaState`)."""
 
-    def select(self, index: Tensor) -> LayerState:
+    per_token: ClassVar[frozenset[str]] = frozenset()  # fields indexed (sequence, position, ...)
+
+    def tensors(self) -> dict[str, Tensor]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}  # type: ignore[arg-type]
+
+    def _map(self: StateT, fn: Callable[[Tensor], Tensor]) -> StateT:
+        return type(self)(**{name: fn(t) for name, t in self.tensors().items()})
+
+    def select(self: StateT, index: Tensor) -> StateT:
         """The state of a subset of sequences (a copy)."""
-        return LayerState(*(None if t is None else t[index] for t in (self.conv, self.ssm, self.k, self.v)))
+        return self._map(lambda t: t[index])
 
-    def rows(self, start: int, stop: int) -> LayerState:
+    def rows(self: StateT, start: int, stop: int) -> StateT:
         """Sequences [start, stop) as views (no copy): static addresses for CUDA graphs."""
-        return LayerState(*(None if t is None else t[start:stop] for t in (self.conv, self.ssm, self.k, self.v)))
+        return self._map(lambda t: t[start:stop])
 
-    def load(self, slots: Tensor, part: LayerState) -> None:
-        """Put the states of `part` (its first prompt positions of KV) into rows `slots`."""
-        for mine, theirs in ((self.conv, part.conv), (self.ssm, part.ssm)):
-            if mine is not None and theirs is not None:
-                mine[slots] = theirs
-        for mine, theirs in ((self.k, part.k), (self.v, part.v)):
-            if mine is not None and theirs is not None:
-                mine[slots, : theirs.shape[1]] = theirs
+    def load(self, slots: Tensor, part: MixerState) -> None:
+        """Put the states of `part` into rows `slots` (of a per-token tensor, its first positions)."""
+        theirs = part.tensors()
+        for name, mine in self.tensors().items():
+            if name in self.per_token:
+                mine[slots, : theirs[name].shape[1]] = theirs[name]
+            else:
+                mine[slots] = theirs[name]
 
     def move(self, src: int, dst: int) -> None:
         """Copy sequence row `src` to row `dst` (slot compaction)."""
-        for t in (self.conv, self.ssm, self.k, self.v):
-            if t is not None:
-                t[dst].copy_(t[src])
+        for t in self.tensors().values():
+            t[dst].copy_(t[src])
 
-    def update(self, index: Tensor, part: LayerState) -> None:
-        for mine, theirs in ((self.conv, part.conv), (self.ssm, part.ssm), (self.k, part.k), (self.v, part.v)):
-            if mine is not None:
-                mine[index] = theirs
+    def update(self, index: Tensor, part: MixerState) -> None:
+        """Write back the rows a `select(index)` copy has advanced."""
+        theirs = part.tensors()
+        for name, mine in self.tensors().items():
+            mine[index] = theirs[name]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.tensors().values())
+
+    def bytes_per_sequence(self) -> tuple[int, int]:
+        """(fixed bytes, bytes per position) one sequence holds: what the auto batch size counts."""
+        fixed = token = 0
+        for name, t in self.tensors().items():
+            if name in self.per_token:
+                token += t.numel() * t.element_size() // max(1, t.shape[0] * t.shape[1])
+            else:
+                fixed += t.numel() * t.element_size() // max(1, t.shape[0])
+        return fixed, token
 
 
-def kv_state(batch: int, capacity: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
-             device: torch.device) -> LayerState:  # fmt: skip
-    shape = (batch, capacity, kv_heads, head_dim)
-    return LayerState(
-        k=torch.zeros(shape, dtype=dtype, device=device), v=torch.zeros(shape, dtype=dtype, device=device)
-    )
+@dataclass
+class KVCache(MixerState):
+    """An attention layer's keys and values at every position (a sliding-window layer attends to
+    the last keys of it through its mask)."""
+
+    k: Tensor  # (S, capacity, Hkv_r, d)
+    v: Tensor
+    per_token = frozenset({"k", "v"})
+
+    @classmethod
+    def zeros(cls, batch: int, capacity: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
+              device: torch.device) -> KVCache:  # fmt: skip
+        shape = (batch, capacity, kv_heads, head_dim)
+        return cls(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
 
 
 class Comm(Protocol):
@@ -121,12 +153,12 @@ class Mixer(Protocol):
     """A layer's token mixer (attention, Mamba, ...): (normed hidden, batch, state, context) -> output,
     all-reduced over TP."""
 
-    def __call__(self, a: Tensor, batch: Batch, state: LayerState, context: dict[Any, Any]) -> Tensor: ...
+    def __call__(self, a: Tensor, batch: Batch, state: MixerState, context: dict[Any, Any]) -> Tensor: ...
 
-    def new_state(self, batch: int, capacity: int, dtype: torch.dtype, device: torch.device) -> LayerState: ...
+    def new_state(self, batch: int, capacity: int, dtype: torch.dtype, device: torch.device) -> MixerState: ...
 
 
-PLAMO_NORMS = ("pre_mixer_norm", "post_mixer_norm", "pre_mlp_norm", "post_mlp_norm")
+PLAMO_NORMS = tuple(NORM_OFFSETS)  # pre-mixer, post-mixer, pre-MLP, post-MLP
 
 
 class PlamoLayer:
@@ -139,7 +171,7 @@ class PlamoLayer:
         self.norms = {n: w[f"{n}.weight"] for n in PLAMO_NORMS}
         self.gate_up, self.down = w["mlp.gate_up_proj.weight"], w["mlp.down_proj.weight"]
 
-    def __call__(self, h: Tensor, residual: Tensor | None, batch: Batch, state: LayerState,
+    def __call__(self, h: Tensor, residual: Tensor | None, batch: Batch, state: MixerState,
                  context: dict[Any, Any], pending: Tensor | None = None) -> tuple[Tensor, Tensor]:  # fmt: skip
         ops, eps, norms = self.ops, self.eps, self.norms
         if pending is None:
@@ -191,7 +223,7 @@ class RankModel:
         self.dtype = dtype
         self.device = next(iter(weights.values())).device
 
-    def new_states(self, batch: int, capacity: int) -> dict[int, LayerState]:
+    def new_states(self, batch: int, capacity: int) -> dict[int, MixerState]:
         return {layer.index: layer.mixer.new_state(batch, capacity, self.dtype, self.device) for layer in self.layers}
 
     def embed_tokens(self, ids: Tensor) -> Tensor:
@@ -204,7 +236,7 @@ class RankModel:
         h = self.embed[local.clamp(0, self.vocab_rows - 1)] * inside[:, None].to(self.embed.dtype)
         return self.comm.all_reduce(h)
 
-    def forward(self, batch: Batch, states: dict[int, LayerState]) -> Tensor | None:
+    def forward(self, batch: Batch, states: dict[int, MixerState]) -> Tensor | None:
         """Run this rank's part; the last stage returns float32 logits (n, V), others None."""
         info = self.comm.info
         T = batch.input_ids.shape[0]
@@ -223,7 +255,7 @@ class RankModel:
         """Tables the layers of one forward share (none here)."""
         return {}
 
-    def stage(self, batch: Batch, states: dict[int, LayerState], h: Tensor, residual: Tensor | None
+    def stage(self, batch: Batch, states: dict[int, MixerState], h: Tensor, residual: Tensor | None
               ) -> tuple[Tensor, ...]:  # fmt: skip
         """The layers (and on the last stage the head) without the PP hand-over, so that a CUDA graph
         can hold them: (logits,) on the last stage, else the (hidden, residual) to send on."""
@@ -242,4 +274,17 @@ class RankModel:
         return (logits[:, : self.cfg.vocab_size],)
 
 
-LayerBuilder = Callable[[int, dict[str, Tensor]], PlamoLayer]
+# (layer index, the mixer's weights by name relative to "mixer.", the rank's sizes) -> the mixer
+MixerBuilder = Callable[[int, dict[str, Tensor], Any], Mixer]
+
+
+def plamo_layers(family: Any, cfg: Any, stage: tuple[int, int], weights: dict[str, Tensor], ops: Any, comm: Comm,
+                 mixer: MixerBuilder) -> tuple[list[PlamoLayer], Any]:  # fmt: skip
+    """The PLaMo layers of one PP stage around the mixers a family builds, and the rank's sizes
+    (`Family.rank_sizes`: what the tensor table's split rules give this TP rank)."""
+    sizes = family.rank_sizes(cfg, comm.info.tp, comm.info.tp_rank)
+    layers = []
+    for i in range(*stage):
+        w = layer_weights(weights, family.layer_prefix.format(i))
+        layers.append(PlamoLayer(i, mixer(i, mixer_weights(w), sizes), w, cfg.rms_norm_eps, ops, comm))
+    return layers, sizes

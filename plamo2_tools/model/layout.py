@@ -200,6 +200,18 @@ def cols_rule(size: Callable[[Any], int]) -> Rule:
     return lambda name, cfg, tp, r: split_cols(name, size(cfg), tp, r)
 
 
+def channel_scale_pieces(kind: TensorKind, source: str, cfg: Any, tp: int, r: int) -> tuple[Piece, ...]:
+    """TP rank r's rows of a per-output-channel scale ([rows, 1], e.g. an FP8 weight's `weight_scale`): the same
+    row pieces as the weight of a column-parallel linear, all of it for a row-parallel one, whose every rank
+    computes every output row (vLLM's ChannelQuantScaleParameter, output_dim 0; tests/compat/test_vllm_fp8.py
+    holds vLLM's compressed-tensors loader to this)."""
+    if kind.split == COLUMN:
+        return kind.rule(source, cfg, tp, r)
+    if kind.split == ROW:
+        return replicated(source, kind.shape(cfg)[0])
+    raise LayoutError(f"{kind.hf}: a {kind.split} tensor has no per-channel scale")
+
+
 def vllm_scale_buffers(where: str) -> tuple[TensorKind, ...]:
     """What vLLM's state dict holds beyond the weights in every attention layer
     (docs/shard-format.md, "What vLLM requires beyond the weights"): its Attention registers four

@@ -13,7 +13,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from ..errors import CheckpointError, ConfigError
+from ..errors import CheckpointError, ConfigError, Plamo2Error
 from ..jsonio import CONFIG_BYTES, read_json
 from . import layout
 from .family import Family
@@ -82,6 +82,23 @@ def load_config(path: str | Path) -> Any:
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a JSON object")
     return config_from_dict(raw, str(path))
+
+
+def runtime_options_help() -> str:
+    """What `--option` can choose, from the registered families' declarations (for `--help`)."""
+    lines = [f"{f.name}: {o.describe()}" for f in FAMILIES for o in f.runtime_options]
+    return "; ".join(lines) if lines else "no registered family has any"
+
+
+def tokenizer_flavour(directory: str | Path) -> str | None:
+    """The tokenizer flavour the model family of a checkpoint or shard directory declares
+    (`Family.tokenizer_flavour`); None without a config.json of a family this package reads."""
+    path = Path(directory) / "config.json"
+    try:
+        raw = read_json(path, CONFIG_BYTES)
+        return family_for(raw, str(path)).tokenizer_flavour if isinstance(raw, dict) else None
+    except (Plamo2Error, OSError):  # none, unreadable, not a family's: the tokenizer config decides
+        return None
 
 
 # ---- inventory, through the family's table ---------------------------------------------------------

@@ -133,7 +133,7 @@ def write_checkpoint(
         json.dumps({"bos_token_id": cfg.bos_token_id, "eos_token_id": cfg.eos_token_id}, indent=2) + "\n"
     )
     if tokenizer:
-        write_tokenizer(out, cfg.vocab_size, plamo3=config.get("model_type") == "plamo3")
+        write_tokenizer(out, cfg.vocab_size, flavour=family_of(cfg).tokenizer_flavour)
 
 
 class _Ahead:
@@ -168,14 +168,14 @@ class _Ahead:
 TOKENIZER_FILES = ("tokenizer.jsonl", "tokenizer_config.json", "special_tokens_map.json")
 
 
-def write_tokenizer(out: Path, vocab_size: int, seed: int = 0, plamo3: bool = False) -> None:
+def write_tokenizer(out: Path, vocab_size: int, seed: int = 0, flavour: str = "plamo2") -> None:
     """A tokenizer in PLaMo's own format (tokenizer.jsonl: control tokens 0-6, the 256 byte
     tokens, pieces with scores learned from text), run natively by plamo2_tools.tokenizer, so the
-    whole pipeline exercises the format real checkpoints ship (docs/tokenizer.md); ``plamo3``
-    (a PLaMo 3 preset) makes it a Plamo3Tokenizer's."""
+    whole pipeline exercises the format real checkpoints ship (docs/tokenizer.md), in the flavour
+    the model family declares (`Family.tokenizer_flavour`: "plamo3" makes it a Plamo3Tokenizer's)."""
     if vocab_size < FIRST_PIECE_ID:
         raise UserError(f"vocab_size {vocab_size} is too small for a PLaMo tokenizer (needs >= {FIRST_PIECE_ID})")
-    write_synthetic_tokenizer(out, vocab_size, seed=seed, plamo3=plamo3)
+    write_synthetic_tokenizer(out, vocab_size, seed=seed, flavour=flavour)
 
 
 def synth(

@@ -1,6 +1,7 @@
 """`plamo2-tools report`: one Markdown page (with PNG plots beside it) from the JSON that the
-other steps leave behind: lm-eval results, verify results, convert and kernel benchmarks, and the
---json output of convert / check / inspect.
+other steps leave behind: lm-eval results, verify results, the benchmarks of `python -m bench`
+(bench/, docs/benchmarks.md), the checks kept beside them, and the --json output of convert /
+check / inspect.
 
 Our inputs are recognised by their "kind" and "schema_version", lm-eval's by its own structure
 (see inputs.py); the output is deterministic (sorted inputs, fixed figure sizes, no timestamps but
@@ -17,20 +18,38 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from .. import __version__
 from ..errors import EnvironmentLimitError, UserError
 from ..safe_files import create_fresh, write_all
-from . import bench_convert, bench_kernels, bench_runtime, bench_serve, checks, lmeval, tools, verify
+from ..version import __version__
+from . import (
+    bench_accuracy,
+    bench_convert,
+    bench_e2e,
+    bench_kernels,
+    bench_serving,
+    bench_throughput,
+    checks,
+    exports,
+    lmeval,
+    tools,
+    verify,
+)
 from .context import Context
 from .inputs import (
+    BENCH_ACCURACY,
     BENCH_CONVERT,
+    BENCH_E2E,
+    BENCH_EXPORT_FP8,
+    BENCH_EXPORT_MLX,
     BENCH_FUZZ,
     BENCH_KERNELS,
-    BENCH_RUNTIME,
-    BENCH_SERVE,
+    BENCH_SERVING,
+    BENCH_THROUGHPUT,
     BENCH_TOKENIZER,
     CHECK,
     CONVERT,
+    EXPORT_FP8,
+    EXPORT_MLX,
     INSPECT,
     KILL_RESUME,
     KINDS,
@@ -54,13 +73,16 @@ SECTIONS: list[tuple[tuple[str, ...], str, Renderer]] = [
     ((VERIFY,), "Verify", verify.render),
     ((BENCH_CONVERT,), "Convert benchmark", bench_convert.render),
     ((BENCH_KERNELS,), "Kernel benchmark", bench_kernels.render),
-    ((BENCH_RUNTIME,), "Runtime throughput", bench_runtime.render),
-    ((BENCH_SERVE,), "Server under load", bench_serve.render),
+    ((BENCH_THROUGHPUT,), "Runtime throughput", bench_throughput.render),
+    ((BENCH_SERVING,), "Server under load", bench_serving.render),
+    ((BENCH_ACCURACY,), "GSM8K offline", bench_accuracy.render),
+    ((BENCH_E2E,), "The README's commands from the shell", bench_e2e.render),
     (
         (VLLM_COMPAT, VLLM_FORWARD, BENCH_TOKENIZER, KILL_RESUME, BENCH_FUZZ, MUTANTS),
         "Compatibility and robustness",
         checks.render,
     ),
+    ((EXPORT_MLX, EXPORT_FP8, BENCH_EXPORT_MLX, BENCH_EXPORT_FP8), "Exports", exports.render),
     ((CONVERT, CHECK, INSPECT), "Tool output", tools.render),
 ]
 

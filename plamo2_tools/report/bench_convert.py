@@ -1,4 +1,4 @@
-"""Convert benchmark (`"kind": "plamo2-bench-convert"`, written by bench/convert.py): convert wall
+"""Convert benchmark (`"kind": "plamo2-bench-convert"`, written by `python -m bench convert`): convert wall
 time per TP × PP split against `cp -r` (and `cp -r` + `sync`) of the same checkpoint measured in
 the same run, peak memory, and whether the targets were met; where the file has them, where the
 time went (Python start-up vs the conversion itself, CPU) and how the bytes were copied, and the
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .bench import bench_run, payload, run_line
 from .context import Context
 from .inputs import Doc
 from .markdown import code, nbytes, pretty, ratio, seconds, table
@@ -26,12 +27,14 @@ def render(docs: list[Doc], ctx: Context) -> list[str]:
 
 
 def file_section(doc: Doc, ctx: Context) -> list[str]:
-    d = doc.data
-    base, ckpt, targets, machine = d["baseline"], d.get("checkpoint", {}), d.get("targets", {}), d.get("machine", {})
+    d, run = payload(doc), bench_run(doc)
+    base, ckpt, targets = d["baseline"], d.get("checkpoint", {}), d.get("targets", {})
+    machine = {**run.machine, **(d.get("hash_rates") or {})}  # a version-1 file kept the rates in "machine"
     largest = (ckpt.get("largest_tensor") or {}).get("bytes")
     lines = [
         f"### {code(doc.name)}",
         "",
+        *run_line(doc),
         f"{ckpt.get('preset', '?')} checkpoint of {nbytes(ckpt.get('bytes'))}, largest tensor {nbytes(largest)}; "
         f"{machine.get('cpus', '?')} CPUs; page cache {d.get('options', {}).get('cache', '?')}; "
         f"`cp -r` {seconds(base.get('cp_s'))}, `cp -r` + `sync` {seconds(base.get('cp_sync_s'))}; "
@@ -56,7 +59,7 @@ def file_section(doc: Doc, ctx: Context) -> list[str]:
     lines += [
         "",
         f"Targets: wall ≤ {targets.get('ratio', 1.5)}× `cp -r`, peak RSS ≤ largest tensor + 512 MiB "
-        f"({nbytes(targets.get('peak_rss_bytes'))}). Command: `{d.get('command', '?')}`.",
+        f"({nbytes(targets.get('peak_rss_bytes'))}).",
         "",
     ]
     path = ctx.plot_path("convert-time")

@@ -1,5 +1,6 @@
-"""GPU kernel benchmark: `bench/kernels.py` output (`"kind": "plamo2-bench-kernels"`): kernels.json
-= {"kind", "schema_version", "env", "records"}, or the streamed kernels.jsonl, whose runs each start
+"""GPU kernel benchmark: `python -m bench kernels` output (`"kind": "plamo2-bench-kernels"`): the
+suite's envelope with results = {"env", "records"}; before the suite (version 1), kernels.json =
+{"kind", "schema_version", "env", "records"}, or the streamed kernels.jsonl, whose runs each start
 with a {"kind", "schema_version"} line.
 
 Per kernel, our implementations against their peers shape by shape, a correctness digest, and a
@@ -14,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
+from .bench import payload, run_line
 from .context import Context
 from .inputs import KERNEL_LIST_KEYS, Doc, all_records, is_kernel_record, kernel_records
 from .markdown import MISSING, code, flatten, is_number, num, pretty, sci, table
@@ -178,9 +180,10 @@ def render(docs: list[Doc], ctx: Context) -> list[str]:
 
 
 def file_section(doc: Doc, ctx: Context) -> list[str]:
-    found, checks, skipped = parse(doc.data)
-    lines = [f"### {code(doc.name)}", ""] + meta_table(doc.data)
-    for what, error in (kernel_meta(doc.data).get("section error") or {}).items():
+    data = payload(doc)
+    found, checks, skipped = parse(data)
+    lines = [f"### {code(doc.name)}", ""] + run_line(doc) + meta_table(data)
+    for what, error in (kernel_meta(data).get("section error") or {}).items():
         ctx.warn(f"kernel benchmark {code(doc.name)}: section {what} failed: {error}")
     if checks:
         lines += ["#### Correctness", ""] + check_table(checks) + [""]

@@ -14,7 +14,7 @@ from .markdown import MISSING, code, num, table
 
 def render(docs: list[Doc], ctx: Context) -> list[str]:
     lines = ["## Compatibility and robustness", ""]
-    for kind, title, make in ((VLLM_COMPAT, "vLLM 0.26 loads our shards", vllm_table),
+    for kind, title, make in ((VLLM_COMPAT, "vLLM's own loaders on our shards (and FP8 exports)", vllm_table),
                               (VLLM_FORWARD, "vLLM 0.26's own PLaMo 3 forward vs our oracle", forward_table),
                               (BENCH_TOKENIZER, "Native tokenizer vs PLaMo's original", tokenizer_table),
                               (KILL_RESUME, "convert killed and resumed", kill_table),
@@ -33,14 +33,15 @@ def vllm_table(docs: list[Doc]) -> list[str]:
         d = doc.data
         s: dict[str, Any] = d["summary"]
         opts = d.get("options") or {}
-        rows.append([code(doc.name), num(d.get("vllm_version")), num(opts.get("dtype")), num(opts.get("presets")),
+        rows.append([code(doc.name), num(d.get("vllm_version")), "FP8 export" if opts.get("fp8") else "shards",
+                     num(opts.get("dtype")), num(opts.get("presets")),
                      num(opts.get("tp")), str(s.get("pass", 0) + s.get("pass-vllm-hf-bug", 0)),
                      str(s.get("pass-vllm-hf-bug", 0)), str(s.get("pass-cuda-rounding", 0)),
                      str(s.get("pass-exp-rounding", 0)), str(s.get("fail", 0)), str(s.get("skipped", 0))])  # fmt: skip
-    headers = ["File", "vLLM", "dtype", "presets", "TP", "bit-identical", "of which vLLM's HF loader fails",
+    headers = ["File", "vLLM", "checked", "dtype", "presets", "TP", "bit-identical", "of which vLLM's HF loader fails",
                "equal to vLLM on CUDA (CPU rounds norm offsets twice)",
                "A within 1 ulp (exp: ours correctly rounded, torch's not)", "fail", "not valid splits"]  # fmt: skip
-    return table(headers, rows, right=(5, 6, 7, 8, 9, 10))
+    return table(headers, rows, right=(6, 7, 8, 9, 10, 11))
 
 
 def forward_table(docs: list[Doc]) -> list[str]:

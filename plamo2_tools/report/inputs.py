@@ -1,8 +1,8 @@
 """Find the JSON inputs of a report and recognise what each one is.
 
-Our own result files say what they are: each carries `"kind"` and `"schema_version"`, defined
-beside the code that writes it (CONVERT_KIND in convert/engine.py, VERIFY_KIND in
-verify.py, ...), and that is all the report goes by; a file of ours in a version this
+Our own result files say what they are: each carries `"kind"` and `"schema_version"`, named in
+one leaf module, plamo2_tools/kinds.py, which their writers import too (so the report loads none of
+the code that writes them), and that is all the report goes by; a file of ours in a version this
 report does not read is skipped with a note saying so.  lm-eval's own results files are the one
 external format: they are recognised by the structure lm-eval 0.4 documents for them.
 File names carry no meaning (lm-eval stamps its results with the time, users rename things).
@@ -20,14 +20,36 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..convert.engine import CONVERT_KIND
 from ..errors import Plamo2Error, UserError
-from ..eval.harness import EVAL_KIND
-from ..inspect import INSPECT_KIND
 from ..jsonio import MAX_DEPTH, RESULT_BYTES, depth
+from ..kinds import (
+    BENCH_ACCURACY_KIND,
+    BENCH_CONVERT_KIND,
+    BENCH_E2E_KIND,
+    BENCH_EXPORT_FP8_KIND,
+    BENCH_EXPORT_MLX_KIND,
+    BENCH_FUZZ_KIND,
+    BENCH_KERNELS_KIND,
+    BENCH_RUNTIME_KIND,
+    BENCH_SCHEMA_VERSION,
+    BENCH_SERVE_KIND,
+    BENCH_SERVING_KIND,
+    BENCH_THROUGHPUT_KIND,
+    BENCH_TOKENIZER_KIND,
+    CHECK_KIND,
+    CONVERT_KIND,
+    EVAL_KIND,
+    EXPORT_FP8_KIND,
+    EXPORT_MLX_KIND,
+    INSPECT_KIND,
+    KILL_RESUME_KIND,
+    MUTANTS_KIND,
+    VERIFY_KIND,
+    VERIFY_TARGETS_KIND,
+    VLLM_COMPAT_KIND,
+    VLLM_FORWARD_KIND,
+)
 from ..safe_files import read_regular
-from ..shards.check import CHECK_KIND
-from ..verify import VERIFY_KIND
 
 log = logging.getLogger(__name__)
 
@@ -35,27 +57,15 @@ SUFFIXES = (".json", ".jsonl")
 KERNEL_RECORD_KEYS = ("kernel", "impl")
 KERNEL_LIST_KEYS = ("records",)  # where a kernels.json keeps its records
 
-# Kinds written by the benchmark scripts under bench/, which are not part of the installed package
-# (bench/kernels.py even sets up Triton when imported), so the report cannot import them: each
-# script defines KIND and SCHEMA_VERSION, and tests/report/test_report_kinds.py keeps these equal.
-BENCH_CONVERT_KIND = "plamo2-bench-convert"  # bench/convert.py
-BENCH_KERNELS_KIND = "plamo2-bench-kernels"  # bench/kernels.py: kernels.json, kernels.jsonl
-BENCH_RUNTIME_KIND = "plamo2-bench-runtime"  # bench/runtime.py
-VLLM_COMPAT_KIND = "plamo2-vllm-compat"  # bench/vllm_compat.py
-VLLM_FORWARD_KIND = "plamo3-vllm-forward"  # bench/plamo3_vllm_forward.py
-BENCH_TOKENIZER_KIND = "plamo2-bench-tokenizer"  # bench/tokenizer.py
-KILL_RESUME_KIND = "plamo2-bench-kill-resume"  # bench/kill_resume.py
-BENCH_SERVE_KIND = "plamo2-bench-serve"  # bench/serve.py
-BENCH_FUZZ_KIND = "plamo2-bench-fuzz"  # bench/fuzz.py
-MUTANTS_KIND = "plamo2-mutants"  # bench/mutants.py
-
 # Report sections, in the order the report shows them (the names appear in "Read as" and --json).
 LMEVAL = "lm-eval"
 VERIFY = "verify"
 BENCH_CONVERT = "bench-convert"
 BENCH_KERNELS = "bench-kernels"
-BENCH_RUNTIME = "bench-runtime"
-BENCH_SERVE = "bench-serve"
+BENCH_THROUGHPUT = "bench-throughput"
+BENCH_SERVING = "bench-serving"
+BENCH_ACCURACY = "bench-accuracy"
+BENCH_E2E = "bench-e2e"
 CONVERT = "convert"
 CHECK = "check"
 INSPECT = "inspect"
@@ -65,28 +75,61 @@ BENCH_TOKENIZER = "bench-tokenizer"
 KILL_RESUME = "kill-resume"
 BENCH_FUZZ = "bench-fuzz"
 MUTANTS = "mutants"
-KINDS = (LMEVAL, VERIFY, BENCH_CONVERT, BENCH_KERNELS, BENCH_RUNTIME, BENCH_SERVE, VLLM_COMPAT, VLLM_FORWARD,
-         BENCH_TOKENIZER, KILL_RESUME, BENCH_FUZZ, MUTANTS, CONVERT, CHECK, INSPECT)  # fmt: skip
+EXPORT_MLX = "export-mlx"
+EXPORT_FP8 = "export-fp8"
+BENCH_EXPORT_MLX = "bench-export-mlx"
+BENCH_EXPORT_FP8 = "bench-export-fp8"
+KINDS = (
+    LMEVAL,
+    VERIFY,
+    BENCH_CONVERT,
+    BENCH_KERNELS,
+    BENCH_THROUGHPUT,
+    BENCH_SERVING,
+    BENCH_ACCURACY,
+    BENCH_E2E,
+    VLLM_COMPAT,
+    VLLM_FORWARD,
+    BENCH_TOKENIZER,
+    KILL_RESUME,
+    BENCH_FUZZ,
+    MUTANTS,
+    EXPORT_MLX,
+    EXPORT_FP8,
+    BENCH_EXPORT_MLX,
+    BENCH_EXPORT_FP8,
+    CONVERT,
+    CHECK,
+    INSPECT,
+)
 
 
 @dataclass(frozen=True)
 class Schema:
     """One kind of our files as this report reads it: the section that renders it, the schema
     versions that section was written for (a writer that bumps its version must add it here once
-    the section reads it), and the top-level fields the section needs, with their JSON types."""
+    the section reads it), and the top-level fields the section needs, with their JSON types.  A
+    benchmark of the suite (version BENCH_SCHEMA_VERSION) must also have the envelope's fields, and
+    its `fields` are those of the envelope's `results` (what version 1 held at the top level)."""
 
     section: str
     versions: tuple[int, ...]
     fields: Mapping[str, type | tuple[type, ...]]
 
 
+SUITE = BENCH_SCHEMA_VERSION
 SCHEMAS: dict[str, Schema] = {
     EVAL_KIND: Schema(LMEVAL, (1,), {"results": dict}),
     VERIFY_KIND: Schema(VERIFY, (1,), {"layouts": list}),
-    BENCH_CONVERT_KIND: Schema(BENCH_CONVERT, (1,), {"baseline": dict, "results": list}),
-    BENCH_KERNELS_KIND: Schema(BENCH_KERNELS, (1,), {"records": list}),  # kernels.jsonl: the lines are the records
-    BENCH_RUNTIME_KIND: Schema(BENCH_RUNTIME, (1,), {"runs": list}),
-    BENCH_SERVE_KIND: Schema(BENCH_SERVE, (1,), {"runs": list, "config": dict}),
+    VERIFY_TARGETS_KIND: Schema(VERIFY, (1,), {"targets": list}),  # `verify TARGET...` (deploy/verify.py)
+    BENCH_CONVERT_KIND: Schema(BENCH_CONVERT, (1, SUITE), {"baseline": dict, "results": list}),
+    BENCH_KERNELS_KIND: Schema(BENCH_KERNELS, (1, SUITE), {"records": list}),  # v1 kernels.jsonl: lines are records
+    BENCH_THROUGHPUT_KIND: Schema(BENCH_THROUGHPUT, (SUITE,), {"runs": list}),
+    BENCH_RUNTIME_KIND: Schema(BENCH_THROUGHPUT, (1,), {"runs": list}),  # bench/runtime.py and gsm8k.py before
+    BENCH_SERVING_KIND: Schema(BENCH_SERVING, (SUITE,), {"runs": list, "config": dict}),
+    BENCH_SERVE_KIND: Schema(BENCH_SERVING, (1,), {"runs": list, "config": dict}),  # bench/serve.py before
+    BENCH_ACCURACY_KIND: Schema(BENCH_ACCURACY, (SUITE,), {"split_seconds": dict, "metrics": dict}),
+    BENCH_E2E_KIND: Schema(BENCH_E2E, (SUITE,), {"steps": list, "records": list}),
     CONVERT_KIND: Schema(CONVERT, (1,), {"tp": int, "pp": int, "ranks": list}),
     CHECK_KIND: Schema(CHECK, (1,), {"path": str, "ok": bool, "checks": dict}),
     INSPECT_KIND: Schema(INSPECT, (1,), {"path": str, "config": dict, "layers": list}),
@@ -96,6 +139,19 @@ SCHEMAS: dict[str, Schema] = {
     KILL_RESUME_KIND: Schema(KILL_RESUME, (1,), {"trials": list, "all_identical": bool}),
     BENCH_FUZZ_KIND: Schema(BENCH_FUZZ, (1,), {"targets": dict, "inputs": int, "contract_broken": int}),
     MUTANTS_KIND: Schema(MUTANTS, (1,), {"mutants": list, "total": int, "caught": int}),
+    EXPORT_MLX_KIND: Schema(EXPORT_MLX, (1,), {"model_type": str, "known_differences": list}),
+    EXPORT_FP8_KIND: Schema(EXPORT_FP8, (1,), {"format": str, "quantized": list}),
+    BENCH_EXPORT_MLX_KIND: Schema(BENCH_EXPORT_MLX, (1,), {"presets": dict}),
+    BENCH_EXPORT_FP8_KIND: Schema(BENCH_EXPORT_FP8, (1,), {"baseline": dict, "results": list}),
+}
+# The suite's envelope (bench/common.py): what every benchmark file of version BENCH_SCHEMA_VERSION has.
+ENVELOPE_FIELDS: Mapping[str, type | tuple[type, ...]] = {
+    "benchmark": str,
+    "machine": dict,
+    "command": str,
+    "started_at": str,
+    "complete": bool,
+    "results": dict,
 }
 # lm-eval 0.4's aggregated results file (EvaluationTracker.save_results_aggregated): these keys,
 # each a JSON object, are always there; "configs" tells it from a digest of it.
@@ -217,6 +273,10 @@ def _by_kind(first: dict[str, Any], headers: list[dict[str, Any]], stream: bool)
             return None, f"{kind} as JSON Lines: only {BENCH_KERNELS_KIND} streams its records"
         return schema.section, ""
     missing = [name for name, t in schema.fields.items() if not _is(first.get(name), t)]
+    if first["schema_version"] == BENCH_SCHEMA_VERSION:
+        missing = [name for name, t in ENVELOPE_FIELDS.items() if not _is(first.get(name), t)]
+        results = first.get("results") if isinstance(first.get("results"), dict) else {}
+        missing += [f"results.{name}" for name, t in schema.fields.items() if not _is(results.get(name), t)]
     if missing:
         return None, f"{kind} version {first['schema_version']} without a valid {', '.join(missing)}"
     return schema.section, ""
@@ -231,6 +291,8 @@ def _is(value: Any, types: type | tuple[type, ...]) -> bool:
 def all_records(data: Any) -> list[dict[str, Any]]:
     """Every record of a kernel benchmark (measurements and bookkeeping) but the kind headers."""
     if isinstance(data, dict):
+        if isinstance(data.get("results"), dict) and data.get("schema_version") == BENCH_SCHEMA_VERSION:
+            return all_records(data["results"])  # the suite's envelope
         for key in KERNEL_LIST_KEYS:
             if isinstance(data.get(key), list):
                 return all_records(data[key])

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..kinds import VERIFY_TARGETS_KIND
+from . import deploy
 from .context import Context
 from .inputs import Doc
 from .markdown import MISSING, code, is_number, num, sci, table, yes_no
@@ -21,7 +23,8 @@ HEADERS = [
 def render(docs: list[Doc], ctx: Context) -> list[str]:
     lines = ["## Verify: runtime logits against the reference forward", ""]
     for doc in docs:
-        lines += file_section(doc, ctx)
+        targets = isinstance(doc.data, dict) and doc.data.get("kind") == VERIFY_TARGETS_KIND
+        lines += deploy.file_section(doc, ctx) if targets else file_section(doc, ctx)
     return lines
 
 

@@ -23,7 +23,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
-from .. import __version__
+from ..version import __version__
 from . import handlers
 from .chat_template import ChatTemplate
 from .engine_api import Engine, EngineStats

@@ -8,10 +8,11 @@ also run the app against a deterministic fake (tests/serve/serve_fake_engine.py)
 
 Division of labour
 ------------------
-The app validates every request before an engine sees it: token ids are inside
-``[0, info.vocab_size)``, ``len(prompt_token_ids) + max_tokens <= info.max_context``, ``max_tokens
->= 1``, ``0 <= temperature <= 2``, ``0 < top_p <= 1``, ``logprobs`` / ``prompt_logprobs`` in
-``[0, info.max_logprobs]``, stop strings non-empty.  It fans a request with several prompts or
+The app validates every request before an engine sees it, by the rules written once in
+`generation_request.py` (`GenerationRequest.check`: token ids are inside ``[0, info.vocab_size)``,
+``len(prompt_token_ids) + max_tokens <= info.max_context``, ``max_tokens >= 1``) and the protocol's
+(``0 <= temperature <= 2``, ``0 < top_p <= 1``, ``logprobs`` / ``prompt_logprobs`` in
+``[0, info.max_logprobs]``, stop strings non-empty).  It fans a request with several prompts or
 ``n > 1`` out into one `GenerationRequest` per (prompt, choice), and it bounds how many sequences
 are in the engine at once (``info.max_batch`` running + the server's ``max_queue`` waiting), so an
 engine may queue whatever it is given.
@@ -36,6 +37,8 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol, runtime_checkable
 
+from ..generation_request import GenerationRequest  # the one request type, shared with the runtime's loop
+
 FinishReason = Literal["stop", "length"]
 
 
@@ -55,30 +58,6 @@ class ModelInfo:
     chat_template: str | None = None  # a Jinja chat template (HF's dialect); None refuses /v1/chat/completions
     max_logprobs: int = 20  # the most alternatives per token the engine returns (OpenAI allows 5 / 20)
     created: int = 0  # unix time the model was loaded, shown by /v1/models
-
-
-@dataclass(frozen=True, slots=True)
-class GenerationRequest:
-    """One sequence to generate: one prompt, one choice.  Already validated by the app."""
-
-    request_id: str  # unique among live requests; `cancel` names it
-    prompt_token_ids: tuple[int, ...]  # non-empty, every id in [0, vocab_size); BOS is already in it if wanted
-    max_tokens: int  # >= 1 and len(prompt_token_ids) + max_tokens <= max_context
-    temperature: float = 1.0  # 0 = greedy (the first maximum on ties)
-    top_p: float = 1.0  # nucleus mass; 1 = the whole vocabulary
-    # Sampling: the tokens must be a function of (prompt, temperature, top_p, seed, stream) alone,
-    # whatever else shares the batch.  `stream` is the choice index (0 .. n-1) of an n > 1 request,
-    # so that its choices differ under one seed; seed None means "any seed" (choices still differ).
-    seed: int | None = None  # in [-2**63, 2**63)
-    stream: int = 0
-    stop: tuple[str, ...] = ()  # stop strings (non-empty), matched against the generated text only
-    # None: no logprobs.  k >= 0: every generated token's logprob and the k most likely alternatives.
-    logprobs: int | None = None
-    # None: none.  k >= 0: the logprob of every prompt token given the tokens before it (position 0
-    # has none) with k alternatives, once, in the first event.  lm-eval's loglikelihood tasks send
-    # echo + logprobs=1 + max_tokens=1 and read exactly these.
-    prompt_logprobs: int | None = None
-    ignore_eos: bool = False  # vLLM's extension: the EOS ids do not end it (benchmarks of fixed lengths)
 
 
 @dataclass(frozen=True, slots=True)

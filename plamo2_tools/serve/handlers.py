@@ -245,7 +245,8 @@ async def completions(request: Request, state: ServerState) -> Response:
     job = admit(state, arrival, cid, model, prompts, requests, req.include_usage)
     choices = [
         CompletionChoiceState(i, echo[i // req.n], req.logprobs is not None,
-                              prompts[i // req.n].token_ids if req.return_token_ids else None)
+                              prompts[i // req.n].token_ids if req.return_token_ids else None,
+                              tokens_as_ids=req.return_tokens_as_token_ids)
         for i in range(len(requests))
     ]  # fmt: skip
     sent_prompt_ids: set[int] = set()

@@ -4,11 +4,13 @@ model (vocabulary, context), and fan out one sequence per (prompt, choice)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TypeVar
 
+from ..generation_request import RequestRefused, check_context, check_prompt, default_max_tokens
 from .engine_api import Engine, GenerationRequest, ModelInfo
 from .protocol import ApiError, bad_request
 
@@ -47,31 +49,25 @@ class TokenizerThread:
 
 
 def check_token_ids(ids: Sequence[int], info: ModelInfo, what: str, param: str = "prompt") -> None:
-    if not ids:
-        raise bad_request(f"{what} is empty", param=param)
-    if min(ids) < 0 or max(ids) >= info.vocab_size:
-        pos, bad = next((p, t) for p, t in enumerate(ids) if not 0 <= t < info.vocab_size)
-        raise bad_request(
-            f"token id {bad} at position {pos} of {what} is outside the vocabulary (0 .. {info.vocab_size - 1})",
-            param=param,
-            code="invalid_token_id",
-        )
+    with refused_as_400():
+        check_prompt(ids, info.vocab_size, what, param)
 
 
 def resolve_max_tokens(prompt_len: int, requested: int | None, info: ModelInfo, param: str = "max_tokens") -> int:
     """`requested`, or all the room left when None (vLLM's default); refuses what does not fit."""
-    room = info.max_context - prompt_len
-    wanted = requested if requested is not None else max(room, 1)
-    if wanted > room:
-        raise ApiError(
-            400,
-            f"This model's maximum context length is {info.max_context} tokens. However, you requested "
-            f"{prompt_len + wanted} tokens ({prompt_len} in the prompt, {wanted} for the completion). "
-            "Please reduce the length of the prompt or the completion.",
-            param=param if requested is not None else "prompt",
-            code="context_length_exceeded",
-        )
+    wanted = default_max_tokens(prompt_len, requested, info.max_context)
+    with refused_as_400():
+        check_context(prompt_len, wanted, info.max_context, param if requested is not None else "prompt")
     return wanted
+
+
+@contextmanager
+def refused_as_400() -> Iterator[None]:
+    """The request rules (generation_request.py) refuse in OpenAI's shape: 400, param and code."""
+    try:
+        yield
+    except RequestRefused as e:
+        raise ApiError(400, str(e), param=e.param, code=e.code) from None
 
 
 async def completion_prompts(

@@ -136,6 +136,7 @@ class CompletionRequest(_Sampling):
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     echo: bool = False
     return_token_ids: bool = False  # vLLM's extension: prompt_token_ids and token_ids in each choice
+    return_tokens_as_token_ids: bool = False  # vLLM's extension: logprobs name tokens "token_id:N"
 
     @field_validator("prompt", mode="plain")
     @classmethod

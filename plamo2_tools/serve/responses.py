@@ -43,24 +43,34 @@ def finite(logprob: float) -> float:
     return logprob if math.isfinite(logprob) else LOGPROB_FLOOR
 
 
-def _top_dict(t: TokenLogprob) -> dict[str, float] | None:
+def token_name(t: TokenLogprob, as_ids: bool) -> str:
+    """How a token is named in a logprobs object: its text, or with vLLM's
+    `return_tokens_as_token_ids` "token_id:N" (texts collide: every lone byte of a multi-byte
+    character shows as U+FFFD, so a client mapping texts back to ids cannot tell them apart)."""
+    return f"token_id:{t.token_id}" if as_ids else t.token
+
+
+def _top_dict(t: TokenLogprob, as_ids: bool = False) -> dict[str, float] | None:
     """OpenAI's {token text: logprob} of the alternatives, the chosen token always among them
     (vLLM's rule; lm-eval compares the chosen logprob with the maximum of these)."""
     if t.logprob is None:
         return None
-    top = {c.token: finite(c.logprob) for c in t.top}
-    top.setdefault(t.token, finite(t.logprob))
+    top = {token_name(c, as_ids): finite(c.logprob) for c in t.top}
+    top.setdefault(token_name(t, as_ids), finite(t.logprob))
     return top
 
 
-def legacy_logprobs(tokens: Sequence[TokenLogprob], offset: int) -> tuple[CompletionLogprobs, int]:
+def legacy_logprobs(
+    tokens: Sequence[TokenLogprob], offset: int, as_ids: bool = False
+) -> tuple[CompletionLogprobs, int]:
     """The completions logprobs object of these tokens, text offsets counted from `offset` by the
-    tokens' own texts (an approximation, as in vLLM, where a stop string cut the last token)."""
+    tokens' own texts (an approximation, as in vLLM, where a stop string cut the last token);
+    `as_ids`: tokens named "token_id:N" (`token_name`)."""
     out = CompletionLogprobs()
     for t in tokens:
-        out.tokens.append(t.token)
+        out.tokens.append(token_name(t, as_ids))
         out.token_logprobs.append(None if t.logprob is None else finite(t.logprob))
-        out.top_logprobs.append(_top_dict(t))
+        out.top_logprobs.append(_top_dict(t, as_ids))
         out.text_offset.append(offset)
         offset += len(t.token)
     return out, offset
@@ -92,6 +102,7 @@ class CompletionChoiceState:
     texts: list[str] = field(default_factory=list)
     logprobs: CompletionLogprobs | None = None
     token_ids: list[int] = field(default_factory=list)
+    tokens_as_ids: bool = False  # vLLM's return_tokens_as_token_ids: logprobs name tokens "token_id:N"
 
     def delta(self, event: TokenEvent) -> tuple[str, CompletionLogprobs | None]:
         text, lp = "", CompletionLogprobs() if self.want_logprobs else None
@@ -101,11 +112,11 @@ class CompletionChoiceState:
                 text = self.echo_text
                 self.offset = len(self.echo_text)
         if lp is not None and self.echo_text is not None and event.prompt_logprobs is not None:
-            extend_logprobs(lp, legacy_logprobs(event.prompt_logprobs, 0)[0])
+            extend_logprobs(lp, legacy_logprobs(event.prompt_logprobs, 0, self.tokens_as_ids)[0])
         self.token_ids += event.token_ids
         text += event.text
         if lp is not None and event.logprobs is not None:
-            more, self.offset = legacy_logprobs(event.logprobs, self.offset)
+            more, self.offset = legacy_logprobs(event.logprobs, self.offset, self.tokens_as_ids)
             extend_logprobs(lp, more)
         if event.finish_reason is not None:
             self.finish_reason, self.stop_reason = event.finish_reason, event.stop_reason

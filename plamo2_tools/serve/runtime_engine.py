@@ -1,9 +1,9 @@
 """The engine that serves PLaMo: `engine_api.Engine` over the runtime's continuous-batching loop
 (`runtime/serving/online.py:OnlineLoop`).
 
-Every HTTP sequence is one `OnlineRequest` of one loop, so concurrent clients share its decode
-steps; a finished or cancelled sequence gives its slot back at the loop's next iteration.  What
-this module adds to the loop:
+Every HTTP sequence is one `GenerationRequest` of one loop (the seam's type is the loop's own), so
+concurrent clients share its decode steps; a finished or cancelled sequence gives its slot back at
+the loop's next iteration.  What this module adds to the loop:
 
 * **Text** by the runtime's rules (`runtime/serving/text.py`): `TextStream` over the generated
   tokens (an EOS that ended the sequence adds none), cut at the earliest stop string; the same
@@ -35,7 +35,7 @@ from typing import Any
 
 from ..errors import UserError
 from ..runtime.serving.engine import Runtime, TokenScores
-from ..runtime.serving.online import Event, OnlineLoop, OnlineRequest
+from ..runtime.serving.online import Event, OnlineLoop
 from ..runtime.serving.text import TextStream, decode_kept_specials
 from .engine_api import (
     Candidate,
@@ -65,12 +65,6 @@ class LoopOptions:
     def build(self, runtime: Runtime, **kwargs: Any) -> OnlineLoop:
         return OnlineLoop(runtime, max_batch=self.max_batch, max_context=self.max_context,
                           sync_every=self.sync_every, memory_budget=self.memory_budget, **kwargs)  # fmt: skip
-
-
-def online_request(req: GenerationRequest) -> OnlineRequest:
-    return OnlineRequest(req.request_id, tuple(req.prompt_token_ids), req.max_tokens, temperature=req.temperature,
-                         top_p=req.top_p, seed=req.seed, stream=req.stream, stop=tuple(req.stop),
-                         ignore_eos=req.ignore_eos)  # fmt: skip
 
 
 def merged(event: Event, queue: asyncio.Queue[Event]) -> Event:
@@ -109,8 +103,9 @@ class RuntimeEngine:
     """`engine_api.Engine` over a loaded `Runtime` (rank 0's side under torchrun)."""
 
     def __init__(self, runtime: Runtime, model_id: str, options: LoopOptions | None = None,
-                 max_logprobs: int = 20) -> None:  # fmt: skip
+                 max_logprobs: int = 20, log_failures: bool = True) -> None:  # fmt: skip
         self.runtime = runtime
+        self.log_failures = log_failures  # False: the caller raises the loop's failure itself (batch files)
         self.options = options or LoopOptions()
         self.loop = self.options.build(runtime)
         tok = runtime.tokenizer
@@ -150,7 +145,7 @@ class RuntimeEngine:
         self.loop.start()
         threading.Thread(target=self._watch, name="plamo2-serve-watch", daemon=True).start()
         prompt = (self.info.eos_token_ids or (0,))[:1]
-        warm = self.loop.submit(OnlineRequest("plamo2-warm-up", tuple(prompt), 1, temperature=0.0))
+        warm = self.loop.submit(GenerationRequest("plamo2-warm-up", tuple(prompt), 1, temperature=0.0))
         final = await self.aio.run_in_executor(None, warm.result, WARM_UP_TIMEOUT_S)
         if final.error is not None:
             raise EngineError(f"the generation loop failed at start: {final.error}")
@@ -161,7 +156,8 @@ class RuntimeEngine:
         try:
             await self.aio.run_in_executor(None, lambda: self.loop.close(cancel=True))
         except BaseException as e:  # noqa: BLE001 - the failure was reported already (failed, 500s)
-            log.error("the generation loop ended with %r", e)
+            if self.log_failures:
+                log.error("the generation loop ended with %r", e)
         self.scorer.shutdown(wait=False, cancel_futures=True)
 
     def _watch(self) -> None:
@@ -171,7 +167,8 @@ class RuntimeEngine:
         thread.join()
         if not self.stopping:
             why = f"the generation loop died: {self.loop.error!r}" if self.loop.error else "the generation loop stopped"
-            log.error("%s", why)
+            if self.log_failures:
+                log.error("%s", why)
             self.failed = why
 
     async def health(self) -> Health:
@@ -208,7 +205,7 @@ class RuntimeEngine:
         self.queues[request.request_id] = queue
         try:
             try:
-                self.loop.submit(online_request(request), on_event=self._from_loop)
+                self.loop.submit(request, on_event=self._from_loop)
             except UserError as e:
                 if not self.loop.alive or self.failed is not None:
                     raise EngineError(self.failed or str(e)) from None

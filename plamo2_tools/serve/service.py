@@ -26,7 +26,7 @@ from .signals import stop_signals_handled
 # The HTTP thread (asyncio) and the generation loop's thread share the GIL, which Python hands over
 # every 5 ms by default: a busy HTTP thread can delay the loop's next decode launch by that much,
 # against GPU decode steps of 1.5-3.5 ms.  A shorter interval (e.g. 0.0005) is the A/B knob of
-# bench/serve.py on the GPU (`PLAMO2_SERVE_SWITCH_INTERVAL=0.0005 bench/gpu_serve.sh`); unset: Python's.
+# `python -m bench serving` on the GPU with PLAMO2_SERVE_SWITCH_INTERVAL=0.0005; unset: Python's.
 SWITCH_INTERVAL_ENV = "PLAMO2_SERVE_SWITCH_INTERVAL"
 
 

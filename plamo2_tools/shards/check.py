@@ -3,7 +3,8 @@
 Checks, each reported as one line per problem:
   files      every listed file exists, has the recorded size and digest, opens with safetensors
   headers    metadata says format=pt and the right tp/pp ranks; keys, shapes, dtypes are exactly
-             what the layout plans for this config and split (nothing missing, nothing extra)
+             what the layout plans for this config and split (nothing missing, nothing extra), and
+             what the manifest's tensor records say (the runtime's own load check)
   tensors    every tensor's digest matches the manifest
   replicas   tensors cut from the same pieces on different ranks are byte-identical
   padding    vocab padding rows are zero
@@ -24,17 +25,20 @@ from pathlib import Path
 from typing import Any
 
 from ..dtypes import DType
+from ..kinds import CHECK_KIND, CHECK_SCHEMA_VERSION  # what `check --json` is (CheckReport.to_dict)
 from ..model import family_of
 from ..model.layout import CONSTANT, OutputTensor, rank_tensors
 from ..numerics import nonzero_count
 from ..safetensors_io import read_array, read_header
-from .integrity import all_digests, config_problem, digest_mismatch, presence_problem, side_file_problems
+from .integrity import (
+    all_digests,
+    config_problem,
+    digest_mismatch,
+    header_problem,
+    presence_problem,
+    side_file_problems,
+)
 from .manifest import Manifest, file_metadata, load_manifest
-
-# `check --json` (CheckReport.to_dict): `plamo2-tools report` recognises it by this kind and
-# version.  Bump the version when a field changes meaning or goes away (adding one is compatible).
-CHECK_KIND = "plamo2-check"
-CHECK_SCHEMA_VERSION = 1
 
 
 @dataclass
@@ -137,6 +141,11 @@ def _check_headers(m: Manifest) -> list[str]:
             bad = {k: meta.get(k) for k, v in want.items() if meta.get(k) != v}
             if bad:
                 problems.append(f"{fname}: metadata {bad} should be { ({k: want[k] for k in bad}) }")
+            # The manifest's own records against the header, by the checker the runtime's load uses:
+            # a record whose shape or dtype was changed passed `check` and failed every load (issue 28).
+            record = header_problem(m, rank, fname)
+            if record and not bad:
+                problems.append(record)
             for key, info in header.tensors.items():
                 if key in found:
                     problems.append(f"rank {rank}: {key} appears in {found[key][0]} and {fname}")

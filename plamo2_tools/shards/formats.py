@@ -22,10 +22,10 @@ from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import __version__
 from ..digest import HASHES, SHA256, XXH3_128, hash_range, new_hash, sha256_file
 from ..errors import CheckpointError
 from ..safetensors_io import SafetensorsFile, read_header
+from ..version import __version__
 
 FORMAT = "plamo2-shards"
 

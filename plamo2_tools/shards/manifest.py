@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import __version__
 from ..dtypes import DType, dtype_name, parse_dtype
 from ..errors import CheckpointError
 from ..jsonio import CONFIG_BYTES, MANIFEST_BYTES, read_object
@@ -27,6 +26,7 @@ from ..model.layout import OutputTensor, Piece, parse_transform
 from ..parallel import Mapping
 from ..safe_files import plain_name, read_regular
 from ..safetensors_io import atomic_write_text
+from ..version import __version__
 from .formats import FORMAT, HASH, WRITTEN, ShardFormat, format_of
 from .journal import JOURNAL_NAME
 from .lock import ensure_not_being_written
@@ -304,12 +304,14 @@ def _typed(directory: Path, raw: dict[str, Any], fmt: ShardFormat) -> Manifest:
     algorithm = fmt.hash_of(raw)
     config = load_config(directory / "config.json")
     m = raw["mapping"]
-    mapping = Mapping(int(m["tp_size"]), int(m["pp_size"]), tuple((int(a), int(b)) for a, b in m["stages"]))
+    mapping = Mapping(_count(m["tp_size"], 1), _count(m["pp_size"], 1),
+                      tuple((_count(a), _count(b)) for a, b in _list(m["stages"])))  # fmt: skip
+    _check_stages(mapping, int(config.num_hidden_layers))
     ranks = tuple(
         RankRecord(
-            int(r["rank"]),
-            int(r["tp_rank"]),
-            int(r["pp_rank"]),
+            _count(r["rank"]),
+            _count(r["tp_rank"]),
+            _count(r["pp_rank"]),
             tuple(plain_name(f, "mapping.ranks.files") for f in _list(r["files"])),
         )
         for r in _list(m["ranks"])
@@ -318,20 +320,26 @@ def _typed(directory: Path, raw: dict[str, Any], fmt: ShardFormat) -> Manifest:
         raise CheckpointError(f"mapping.ranks lists {len(ranks)} ranks, not ranks 0..{mapping.world_size - 1}")
     key = fmt.digest_key
     files = {
-        plain_name(name, "files"): FileRecord(int(rec["size"]), str(rec[key]), int(rec["rank"]), int(rec["part"]))
+        plain_name(name, "files"): FileRecord(
+            _count(rec["size"]), str(rec[key]), _count(rec["rank"]), _count(rec["part"])
+        )
         for name, rec in _dict(raw["files"]).items()
     }
     entries: dict[int, dict[str, TensorEntry]] = {}
     for rank_str, tensors in _dict(raw["tensors"]).items():
-        rank = int(rank_str)
+        rank = _count(int(rank_str))
         entries[rank] = {}
         for tkey, rec in _dict(tensors).items():
+            shape, pieces = _shape(rec["shape"]), tuple(_piece(p) for p in _list(rec["pieces"]))
+            cut = max((p.dim for p in pieces), default=-1)
+            if cut >= len(shape):  # along an axis the tensor lacks: IndexError resharding (fuzz, issue 28)
+                raise ValueError(f"tensor {tkey}: a piece cut along dim {cut} of its {len(shape)}-d shape")
             t = OutputTensor(
                 key=tkey,
                 source=_str(rec["source"]),
-                shape=_shape(rec["shape"]),
+                shape=shape,
                 dtype=parse_dtype(rec["dtype"]),
-                pieces=tuple(_piece(p) for p in _list(rec["pieces"])),
+                pieces=pieces,
                 transforms=tuple(parse_transform(x) for x in _list(rec["transforms"])),
             )
             entries[rank][tkey] = TensorEntry(
@@ -346,7 +354,8 @@ def _typed(directory: Path, raw: dict[str, Any], fmt: ShardFormat) -> Manifest:
         tensors=_source_tensors(_dict(src["tensors"]), config),
     )
     o = raw["options"]
-    options = Options(str(o["dtype"]), int(o["max_part_size"]), bool(o["tied_embeddings"]), int(o["padded_vocab"]))
+    options = Options(str(o["dtype"]), _count(o["max_part_size"], 1), _flag(o["tied_embeddings"]),
+                      _count(o["padded_vocab"], 1))  # fmt: skip
     return Manifest(
         path=directory,
         format=fmt,
@@ -365,11 +374,24 @@ def _typed(directory: Path, raw: dict[str, Any], fmt: ShardFormat) -> Manifest:
     )
 
 
+def _check_stages(mapping: Mapping, layers: int) -> None:
+    """`mapping.stages` must cut the config's layers into `pp_size` consecutive non-empty ranges: the
+    runtime builds each stage's layers from it (a stage past the last layer was exit 70; one short
+    of it silently ran fewer layers: issue 28)."""
+    bounds = [0, *(b for _, b in mapping.stages)]
+    starts = [a for a, _ in mapping.stages]
+    if (mapping.tp < 1 or len(mapping.stages) != mapping.pp or starts != bounds[:-1] or bounds[-1] != layers
+            or any(a >= b for a, b in mapping.stages)):  # fmt: skip
+        shown = json.dumps([list(x) for x in mapping.stages])[:80]
+        raise CheckpointError(f"mapping.stages {shown} does not split the {layers} layers of config.json into "
+                              f"pp_size = {mapping.pp} consecutive non-empty ranges: malformed manifest")  # fmt: skip
+
+
 def _side_files(raw: dict[str, Any], fmt: ShardFormat) -> dict[str, SideRecord]:
     if not fmt.side_digests:
         return {}
     return {
-        plain_name(name, "side_files"): SideRecord(int(rec["size"]), str(rec["digest"]))
+        plain_name(name, "side_files"): SideRecord(_count(rec["size"]), str(rec["digest"]))
         for name, rec in _dict(raw["side_files"]).items()
     }
 
@@ -395,9 +417,16 @@ def _str(value: Any) -> str:
     return value
 
 
-def _count(value: Any) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise ValueError(f"{value!r} is not a count")
+def _count(value: Any, least: int = 0) -> int:
+    """A JSON integer >= `least`: not a bool (JSON's true is no count), not a float, not negative."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < least:
+        raise ValueError(f"{value!r} is not a count" + (f" >= {least}" if least else ""))
+    return value
+
+
+def _flag(value: Any) -> bool:
+    if not isinstance(value, bool):  # bool("false") is True
+        raise TypeError(f"expected true or false, got {value!r}")
     return value
 
 

@@ -16,7 +16,6 @@ Memory: one source tensor and one shard tensor at a time.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass, field
@@ -27,13 +26,14 @@ import safetensors
 import torch
 
 from ..dtypes import BFLOAT16, FLOAT16, FLOAT32, FLOAT64, DType, as_dtype
-from ..errors import CheckpointError, UserError
+from ..errors import CheckpointError, UserError, os_error
+from ..jsonio import CONFIG_BYTES, read_object
+from ..kinds import SOURCE_CHECK_KIND, SOURCE_CHECK_SCHEMA_VERSION
 from ..model import family_of
 from ..model.layout import CONSTANT, OutputTensor, Piece, apply_transforms, rank_tensors
+from ..safe_files import plain_name
 from .manifest import Manifest, config_sha256, load_manifest
 
-SOURCE_CHECK_KIND = "plamo2-check-source"
-SOURCE_CHECK_SCHEMA_VERSION = 1
 # The float dtypes a PLaMo checkpoint's tensors may have, by safetensors header code.
 _SOURCE_DTYPES = {d.code: d for d in (FLOAT64, FLOAT32, FLOAT16, BFLOAT16)}
 
@@ -64,16 +64,29 @@ class SourceCheckReport:
 
 def source_files(src: Path) -> dict[str, Path]:
     """HF tensor name -> the file holding it, from the index (sharded checkpoints) or the one
-    model.safetensors."""
+    model.safetensors.  The index's file names are plain names (docs/security.md, rule 1)."""
     index = src / "model.safetensors.index.json"
     if index.is_file():
-        weight_map = json.loads(index.read_text())["weight_map"]
-        return {name: src / file for name, file in weight_map.items()}
+        weight_map = read_object(index, CONFIG_BYTES, "an HF index").get("weight_map")
+        if not isinstance(weight_map, dict):
+            raise CheckpointError(f"{index}: no `weight_map` object: not an HF index")
+        return {str(name): src / plain_name(file, f"{index}: weight_map") for name, file in weight_map.items()}
     single = src / "model.safetensors"
     if not single.is_file():
         raise UserError(f"{src}: not an HF checkpoint (no model.safetensors or model.safetensors.index.json)")
-    with safetensors.safe_open(str(single), "pt") as f:
-        return {name: single for name in f.keys()}  # noqa: SIM118 (safe_open has no __iter__)
+    with ExitStack() as stack:
+        return {name: single for name in open_source_file(single, stack).keys()}  # noqa: SIM118 (no __iter__)
+
+
+def open_source_file(path: Path, stack: ExitStack) -> Any:
+    """A source file opened by the safetensors library, or one line saying why it cannot be (a
+    truncated file was the library's exception, exit 70, in the command meant for damage: issue 28)."""
+    try:
+        return stack.enter_context(safetensors.safe_open(str(path), "pt"))
+    except OSError as e:
+        raise os_error(e, f"{path}: cannot read") from None
+    except Exception as e:  # noqa: BLE001 - the library's own word on a damaged file is the message
+        raise CheckpointError(f"{path}: the safetensors library cannot read it ({e}): truncated or damaged") from None
 
 
 class _Source:
@@ -81,7 +94,7 @@ class _Source:
 
     def __init__(self, src: Path, stack: ExitStack) -> None:
         self.where = source_files(src)
-        self._open = {p: stack.enter_context(safetensors.safe_open(str(p), "pt")) for p in set(self.where.values())}
+        self._open = {p: open_source_file(p, stack) for p in set(self.where.values())}
 
     def dtypes(self) -> dict[str, DType]:
         out = {}

@@ -22,14 +22,16 @@ def run_tokenize(
     decode: bool = False,
     skip_special_tokens: bool = False,
     trust_remote_code: bool = False,
+    flavour: str | None = None,
 ) -> int:
     """Encode (or with ``decode`` decode) every line of ``input_file`` (stdin when None) with the
     tokenizer of ``path`` and write one JSON line per input line to ``out_file`` (stdout when None).
 
     Encoding gives ``tokenizer(text)["input_ids"]``, BOS/EOS as the tokenizer config says.  Blank
-    lines are skipped.  Returns the number of lines written.
+    lines are skipped.  Returns the number of lines written.  `flavour`: the model family's tokenizer
+    flavour, where the directory's tokenizer config names no PLaMo class.
     """
-    tokenizer = load_tokenizer(path, trust_remote_code=trust_remote_code)
+    tokenizer = load_tokenizer(path, trust_remote_code=trust_remote_code, flavour=flavour)
     with _open_input(input_file) as (source, name), _open_output(out_file) as sink:
         records = _records(source, name, decode)
         if decode:

@@ -13,7 +13,7 @@ Ids from ``tokenizer.jsonl``'s row count up to the model's ``vocab_size`` (PLaMo
 embedding 100032) have no row; they decode to nothing instead of failing.
 
 A directory whose ``tokenizer_config.json`` names ``Plamo3Tokenizer`` (or, naming no PLaMo class,
-whose ``config.json`` has model_type ``plamo3``) gets PLaMo 3's behaviour instead: the same
+whose model family declares the "plamo3" flavour, `Family.tokenizer_flavour`) gets PLaMo 3's behaviour instead: the same
 constructor plus the two ``break_around_*_threshold`` arguments, and PLaMo 3's cuts in the encoder
 (docs/tokenizer.md §9), applied to each piece of text ``transformers`` leaves between added tokens.
 """
@@ -33,10 +33,10 @@ from ..errors import Plamo2Error
 from ..jsonio import read_json
 from .encoder import PlamoEncoder
 from .plamo3 import Plamo3Cuts
-from .vocab import read_rows
+from .vocab import FLAVOURS, read_rows
 
 VOCAB_FILES_NAMES = {"vocab_file": "tokenizer.jsonl"}
-FAMILIES = {"Plamo2Tokenizer": "plamo2", "Plamo3Tokenizer": "plamo3"}  # PLaMo's class -> our family name
+FAMILIES = {cls: flavour for flavour, cls in FLAVOURS.items()}  # PLaMo's class -> its flavour
 THRESHOLDS = ("break_around_consecutive_spaces_threshold", "break_around_repeated_chars_threshold")
 
 
@@ -282,10 +282,11 @@ def model_vocab_size_of(directory: str | Path) -> int | None:
     return size if isinstance(size, int) and not isinstance(size, bool) else None
 
 
-def plamo_family_of(directory: str | Path) -> str:
-    """The family, "plamo3" or "plamo2": the PLaMo class that tokenizer_config.json names (auto_map's
+def plamo_family_of(directory: str | Path, default: str = "plamo2") -> str:
+    """The flavour, "plamo3" or "plamo2": the PLaMo class that tokenizer_config.json names (auto_map's
     AutoTokenizer entry, which is what remote code would load, else tokenizer_class); naming
-    neither, "plamo3" when config.json's model_type is plamo3."""
+    neither, `default`: the flavour the model family of the directory declares
+    (`model.registry.tokenizer_flavour`, e.g. "plamo3" for a PLaMo 3 config.json)."""
     directory = Path(directory)
     config = _json_object(directory / "tokenizer_config.json")
     auto = config.get("auto_map")
@@ -295,7 +296,7 @@ def plamo_family_of(directory: str | Path) -> str:
     for name in (ref, config.get("tokenizer_class")):
         if isinstance(name, str) and name.rsplit(".", 1)[-1] in FAMILIES:
             return FAMILIES[name.rsplit(".", 1)[-1]]
-    return "plamo3" if _json_object(directory / "config.json").get("model_type") == "plamo3" else "plamo2"
+    return default
 
 
 def _json_object(path: Path) -> dict[str, Any]:

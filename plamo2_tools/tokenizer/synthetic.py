@@ -28,6 +28,7 @@ from typing import Any
 
 from ..errors import UserError
 from .corpus import TEXT
+from .vocab import FLAVOURS
 
 CONTROL_TOKENS = (
     "<|plamo:unk|>",
@@ -55,12 +56,13 @@ def write_synthetic_tokenizer(
     seed: int = 0,
     rows: int | None = None,
     add_bos_token: bool = True,
-    plamo3: bool = False,
+    flavour: str = "plamo2",
 ) -> Path:
     """Write tokenizer.jsonl, tokenizer_config.json and special_tokens_map.json into ``directory``.
 
     ``rows`` defaults to min(vocab_size, 100000): like PLaMo 2, a config vocab_size above the
-    tokenizer's row count leaves ids without a row.  ``plamo3``: a PLaMo 3 tokenizer config.
+    tokenizer's row count leaves ids without a row.  ``flavour``: "plamo3" for a PLaMo 3 tokenizer
+    config (a model family's `tokenizer_flavour`).
     """
     directory = Path(directory)
     table = synthetic_rows(vocab_size, seed=seed, rows=rows)
@@ -68,7 +70,7 @@ def write_synthetic_tokenizer(
     with (directory / "tokenizer.jsonl").open("w", encoding="utf-8") as f:
         for row in table:
             f.write(json.dumps(row, ensure_ascii=False) + "\n")
-    config = tokenizer_config(add_bos_token, plamo3)
+    config = tokenizer_config(add_bos_token, flavour)
     (directory / "tokenizer_config.json").write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
     (directory / "special_tokens_map.json").write_text(json.dumps(special_tokens_map(), indent=2) + "\n")
     return directory
@@ -88,9 +90,12 @@ def synthetic_rows(vocab_size: int, seed: int = 0, rows: int | None = None) -> l
     return table
 
 
-def tokenizer_config(add_bos_token: bool = True, plamo3: bool = False) -> dict[str, Any]:
+def tokenizer_config(add_bos_token: bool = True, flavour: str = "plamo2") -> dict[str, Any]:
     """tokenizer_config.json as PLaMo 2 checkpoints ship it (transformers' layout for Plamo2Tokenizer),
-    or with ``plamo3`` for Plamo3Tokenizer with our PLAMO3_THRESHOLDS."""
+    or with flavour "plamo3" for Plamo3Tokenizer with our PLAMO3_THRESHOLDS."""
+    if flavour not in FLAVOURS:
+        raise ValueError(f"tokenizer flavour must be one of {', '.join(FLAVOURS)}, not {flavour!r}")
+    plamo3 = flavour == "plamo3"
     added = {
         str(i): {
             "content": CONTROL_TOKENS[i],
@@ -102,7 +107,7 @@ def tokenizer_config(add_bos_token: bool = True, plamo3: bool = False) -> dict[s
         }
         for i in range(4)
     }
-    name = "Plamo3Tokenizer" if plamo3 else "Plamo2Tokenizer"
+    name = FLAVOURS[flavour]
     config = {
         "add_bos_token": add_bos_token,
         "add_eos_token": False,

@@ -21,6 +21,14 @@ from ..jsonio import MiB, parse_json
 from ..safe_files import read_regular
 
 VOCAB_BYTES = 256 * MiB  # PLaMo's 100k-row tokenizer.jsonl is about 10 MB
+# The flavours of PLaMo's tokenizer (the same file, read by two classes: docs/tokenizer.md §9), and
+# the class of each; a model family declares the one its checkpoints carry (Family.tokenizer_flavour).
+FLAVOURS = {"plamo2": "Plamo2Tokenizer", "plamo3": "Plamo3Tokenizer"}
+# The encoder keeps every suffix of every piece (PLaMo's suffix table), so a piece of n characters
+# costs n(n+1)/2 of them: one row of a million characters took 22.9 GB (issue 28).  Real pieces are
+# a few characters; these bounds are far above them and keep the table to a few hundred MB.
+MAX_PIECE_CHARS = 1024
+MAX_SUFFIX_CHARS = 2**26  # the sum of n(n+1)/2 over the pieces (PLaMo 2's 100k rows: about 2 million)
 
 # PLaMo's integer sentinels: rows scoring at or below INVALID_SCORE are never chosen, and a character
 # no piece covers costs -UNKNOWN_SCORE and becomes its UTF-8 byte tokens.
@@ -63,25 +71,44 @@ def integer_score(score: float) -> int:
     """PLaMo's table value for a score: round(score·1e4) (Python's round), INVALID_SCORE when not finite."""
     if not math.isfinite(score):
         return INVALID_SCORE
-    value = round(score * 1e4)
+    scaled = score * 1e4
+    if not math.isfinite(scaled):  # build_tables refuses such rows first (_check_row)
+        raise UserError(f"score {score!r} does not fit PLaMo's int32 score table")
+    value = round(scaled)
     if not -_INT32 <= value < _INT32:  # PLaMo stores it in an int32 table and fails to load such a file
         raise UserError(f"score {score!r} does not fit PLaMo's int32 score table")
     return value
 
 
-def build_tables(rows: Sequence[Sequence[Any]], where: str = "tokenizer.jsonl", boundary: bool = False) -> VocabTables:
+def check_vocab_file(path: str | Path) -> None:
+    """Refuse a tokenizer.jsonl the loader would refuse (one line), without building the suffix
+    table: what `convert` checks of a checkpoint's tokenizer before copying it into the shards
+    (a row no run can load was copied, digested, and then crashed every decode: issue 28)."""
+    build_tables(read_rows(path), str(path), suffixes=False)
+
+
+def build_tables(rows: Sequence[Sequence[Any]], where: str = "tokenizer.jsonl", boundary: bool = False,
+                 suffixes: bool = True) -> VocabTables:  # fmt: skip
     """Validate the rows and build the piece/score tables (the same choices as PLaMo's loader).
 
     ``boundary`` (PLaMo 3): BOUNDARY_CHAR becomes a piece scoring 0 with id BOUNDARY_TOKEN_ID, as if
     a row ``[BOUNDARY_CHAR, 0, "CONTROL"]`` came after the last one (it replaces a row of that piece).
+    ``suffixes=False`` leaves the suffix table empty (validation only).
     """
     pieces: list[str] = []
     kinds: list[str] = []
     byte_ids = [0] * 256
     token_to_id: dict[str, int] = {}
     score_of: dict[str, float] = {}
+    suffix_chars = 0
     for token_id, row in enumerate(rows):
         piece, score, kind = _check_row(row, token_id, where)
+        if kind != "BYTE":
+            suffix_chars += len(piece) * (len(piece) + 1) // 2
+            if suffix_chars > MAX_SUFFIX_CHARS:
+                why = "PLaMo's table holds every suffix of every piece"
+                raise UserError(f"{where}: the pieces up to row {token_id} have more than {MAX_SUFFIX_CHARS} "
+                                f"characters of suffixes ({why}): refused")  # fmt: skip
         pieces.append(piece)
         kinds.append(kind)
         token_to_id[piece] = token_id
@@ -108,7 +135,7 @@ def build_tables(rows: Sequence[Sequence[Any]], where: str = "tokenizer.jsonl", 
         kinds=kinds,
         byte_ids=byte_ids,
         candidates=candidates,
-        suffixes=_suffix_set(score_of),
+        suffixes=_suffix_set(score_of) if suffixes else set(),
         sentinel_pieces=any(score == UNKNOWN_SCORE for _, score in candidates.values()),
     )
 
@@ -123,6 +150,18 @@ def _check_row(row: Any, token_id: int, where: str) -> tuple[str, float, str]:
         value = float(score)
     except OverflowError:
         raise UserError(f"{where}: row {token_id} has a score too large for a float") from None
+    if math.isfinite(value) and not (math.isfinite(value * 1e4) and -_INT32 <= round(value * 1e4) < _INT32):
+        # 1e308: round(inf) raised OverflowError here, as it does in PLaMo's own loader (issue 28)
+        raise UserError(f"{where}: row {token_id} has score {value!r}, which does not fit PLaMo's int32 score table")
+    if len(piece) > MAX_PIECE_CHARS:
+        raise UserError(f"{where}: row {token_id} has a piece of {len(piece)} characters, more than the "
+                        f"{MAX_PIECE_CHARS} a piece may have: refused")  # fmt: skip
+    if not piece.isascii():
+        try:
+            piece.encode("utf-8")
+        except UnicodeEncodeError as e:  # a lone surrogate ("\ud800" in JSON): no text decodes to it
+            raise UserError(f"{where}: row {token_id} has a piece with a lone surrogate "
+                            f"(U+{ord(piece[e.start]):04X}), which is not text: refused") from None  # fmt: skip
     # Only "BYTE" changes how a row is read; PLaMo's code treats any other type column as a piece.
     kind = row[2] if len(row) > 2 and isinstance(row[2], str) else "NORMAL"
     return piece, value, kind

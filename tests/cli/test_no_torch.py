@@ -46,14 +46,21 @@ def test_byte_moving_commands_never_import_torch(preset: str, checkpoint, tmp_pa
     torch_free("--version")
     for command in ("convert", "merge", "check", "inspect", "tokenize", "synth"):
         torch_free(command, "--help")
+    torch_free("export", "mlx", "--help")
     torch_free("inspect", src)
-    torch_free("convert", src, tmp_path / "s", "--tp", 2, "--dtype", "bfloat16", "--json")
+    converted = torch_free("convert", src, tmp_path / "s", "--tp", 2, "--dtype", "bfloat16", "--json")
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "convert.json").write_text(converted.stdout)
+    torch_free("report", tmp_path / "runs", "--out", tmp_path / "report.md")  # reads kinds.py, not the writers
     torch_free("check", tmp_path / "s", "--json")
     torch_free("inspect", tmp_path / "s")
     torch_free("convert", tmp_path / "s", tmp_path / "s2", "--pp", 2, "--json")  # a reshard
     torch_free("merge", tmp_path / "s2", tmp_path / "m")
+    torch_free("export", "mlx", src, tmp_path / "mlx", "--bits", 4, "--group-size", 32, "--no-verify", "--json")
     torch_free("check", tmp_path / "s2")
     ids = torch_free("tokenize", src, stdin=json.dumps("hello world") + "\n").stdout
+    torch_free("export", "fp8", "--help")
+    torch_free("export", "fp8", src, tmp_path / "fp8", "--no-verify", "--json")  # verifying runs the model
     assert json.loads(ids.splitlines()[0])
     # export gguf moves bytes too (its verification runs the model: --no-verify here)
     torch_free("export", "gguf", src, tmp_path / "m.gguf", "--type", "q8_0", "--no-verify", "--json")

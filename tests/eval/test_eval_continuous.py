@@ -79,7 +79,7 @@ class CallFlagRuntime(SpyRuntime):
 
 def test_generate_until_bar_advances_as_requests_finish(make_lm, runtime, monkeypatch) -> None:
     """One runtime call per gen_kwargs group, but the bar moves inside it, one step per request."""
-    import plamo2_tools.eval.plamo2_lm as module
+    from plamo2_tools.eval import plamo2_lm as module
 
     spy = CallFlagRuntime(runtime)
     bar = InCallBar(spy)

@@ -13,10 +13,13 @@
 * Quantized exports state their measured KL; a bad recipe (an f32 file with ffn_down at q4_0) is
   flagged.
 
+The verdict is `verify`'s (deploy/compare.py's thresholds by the file type the GGUF declares).
+
 Seen failing: with ROPE_FIX removed (the PLaMo 2 export's verification refuses its own file: n_rot =
-0, no position 13), with KL_LIMITS["f32"] at 1e-12 (PLaMo 3 f32 no longer passes), with the window convention
-comparison reduced to the HF one (PLaMo 3 diverges at position W), with the lint's rope base check
-dropped (the edited file's findings lack the key).
+0, no position 13), with THRESHOLDS["float32"].kl_position at 1e-12 (PLaMo 3 f32 no longer passes),
+with the window convention comparison reduced to the HF one (PLaMo 3 diverges at position W), with
+the lint's rope base check dropped (the edited file's findings lack the key), with precision_of
+mapping every file type to "quantized" (the f32 file with a q4_0 ffn_down passes).
 """
 
 from __future__ import annotations
@@ -81,8 +84,9 @@ def test_plamo3_passes_under_the_convention_llama_cpp_follows(cli, checkpoint, t
     v = record["verify"]
     assert v["verdict"] == "pass" and v["follows"] == "window_convention=vllm"
     assert v["max_kl"] < 1e-5
-    hf = v["comparisons"]["window_convention=hf"]
-    assert not hf["passes"] and hf["first_divergence"]["position"] == 5  # W = 5: the first query that sees W keys
+    assert v["precision"] == "float32" and v["judged_by"].startswith("deploy/compare.py")
+    hf = v["conventions"]["window_convention=hf"]
+    assert not hf["passed"] and hf["first_divergence"]["position"] == 5  # W = 5: the first query that sees W keys
 
 
 def test_plamo2_diverges_where_llama_cpp_has_no_window(cli, checkpoint, tmp_path, one_line_error) -> None:
@@ -150,12 +154,14 @@ def test_quantized_exports_state_their_kl_and_a_bad_recipe_is_flagged(cli, check
     r = cli("export", "gguf", checkpoint("tiny3"), out, "--type", "q8_0", "--json")
     v = json.loads(r.stdout)["verify"]
     assert v["verdict"] == "pass" and 0 < v["mean_kl"] <= v["max_kl"] < 1.5e-2
+    assert v["precision"] == "quantized" and v["runtime"]["precision"] == "q8_0"
     assert json.loads(side_file(out).read_text())["verify"]["mean_kl"] == v["mean_kl"]
     bad = tmp_path / "bad.gguf"
     r = cli("export", "gguf", checkpoint("tiny3"), bad, "--type", "f32", "--tensor-type", "ffn_down=q4_0", "--json",
             expect=1)  # fmt: skip
     summary = json.loads(r.stdout)
     assert summary["tensor_types"] == ["ffn_down=q4_0"] and summary["verify"]["verdict"] == "diverges"
+    assert summary["verify"]["precision"] == "float32"  # the file type the GGUF declares picks the thresholds
 
 
 def test_the_target_scores_and_continues_like_the_reference(checkpoint, tmp_path) -> None:

@@ -1,16 +1,22 @@
-"""The family seam is real: a model family defined only here (a two-layer, attention-only, pre-norm
-model unlike PLaMo's four-norm layers) is registered, synthesized, converted at TP2xPP2, checked,
-merged back byte-identically, inspected, and run by the runtime against its own reference forward
-- with no file of the package edited (docs/architecture.md, "Add a model family")."""
+"""The family seam is real: a model family defined only here (a two-layer, pre-norm model unlike
+PLaMo's four-norm layers: attention plus a running sum of its inputs that forgets at a rate the user
+chooses) is registered, synthesized, converted at TP2xPP2, checked, merged back byte-identically,
+inspected, and run by the runtime against its own reference forward - with no file of the package
+edited (docs/architecture.md, "Add a model family").  The family brings what PLaMo's do not have:
+its own runtime option (`decay`, through `--option` on the real commands and lm-eval's model args)
+and its own kind of state (`ToyState`: a KV cache plus a fixed-size running sum per sequence),
+which the runtime's slot pools, chunked prefill and memory plan handle without knowing it."""
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -21,7 +27,8 @@ from plamo2_tools.convert.merge import merge
 from plamo2_tools.inspect import inspect_path
 from plamo2_tools.model import Family, hf_tensor_shapes, register
 from plamo2_tools.model import reference_ops as ops
-from plamo2_tools.model.forward import Batch, LayerState, RankModel, kv_state, layer_weights, rope_cos_sin
+from plamo2_tools.model.family import RuntimeOption
+from plamo2_tools.model.forward import Batch, MixerState, RankModel, layer_weights, rope_cos_sin
 from plamo2_tools.model.layout import (
     COLUMN,
     EVERY_LAYER,
@@ -140,7 +147,15 @@ def _rope(x: Tensor, positions: Tensor, theta: float) -> Tensor:
     return x * cos + torch.cat([-x2, x1], -1) * sin
 
 
-def toy_reference(ckpt: Any, seqs: Sequence[Sequence[int]], dtype: torch.dtype) -> list[Tensor]:
+def running_sums(a: Tensor, decay: float) -> Tensor:
+    """r_t = sum over j <= t of decay^(t-j) a_j, as one matrix product (the runtime runs the recurrence)."""
+    T = a.shape[0]
+    t = torch.arange(T, dtype=torch.float64)
+    powers = (decay ** (t[:, None] - t[None, :])).tril()
+    return powers.to(a.dtype) @ a
+
+
+def toy_reference(ckpt: Any, seqs: Sequence[Sequence[int]], dtype: torch.dtype, decay: float) -> list[Tensor]:
     c: ToyConfig = ckpt.config
     H, K, d = c.num_attention_heads, c.num_key_value_heads, c.head_dim
     out = []
@@ -155,7 +170,7 @@ def toy_reference(ckpt: Any, seqs: Sequence[Sequence[int]], dtype: torch.dtype) 
             pos = torch.arange(T)
             q, k = _rope(q.view(T, H, d), pos, c.rope_theta), _rope(k.view(T, K, d), pos, c.rope_theta)
             o = ops.attention(q, k, v.view(T, K, d), scale=d**-0.5)
-            h = h + o.reshape(T, H * d) @ w["attn.out.weight"].T
+            h = h + o.reshape(T, H * d) @ w["attn.out.weight"].T + SUM_WEIGHT * running_sums(a, decay)
             b = ops.rms_norm(h, w["mlp_norm.weight"], c.rms_norm_eps)
             g, u = (b @ w["mlp.gate_up.weight"].T).chunk(2, -1)
             h = h + (F.silu(g) * u) @ w["mlp.down.weight"].T
@@ -169,18 +184,47 @@ def _layer_names() -> list[tuple[str, TensorKind]]:
 
 
 # ---- the family: the rank forward the runtime runs ------------------------------------------------------
+SUM_WEIGHT = 0.5  # how much of the running sum each layer adds to the residual stream
+DECAY = RuntimeOption("decay", ("0.5", "0.25"), "how fast the running sum forgets")
+
+
+@dataclass
+class ToyState(MixerState):
+    """This family's own kind of state: keys and values per position, and the running sum, a fixed
+    size per sequence."""
+
+    k: Tensor  # (S, capacity, hk, d)
+    v: Tensor
+    total: Tensor  # (S, D) float32
+    per_token = frozenset({"k", "v"})
+
+
 class ToyLayer:
-    def __init__(self, index: int, w: dict[str, Tensor], c: ToyConfig, ops_: Any, comm: Any) -> None:
-        self.index, self.w, self.c, self.ops, self.comm = index, w, c, ops_, comm
+    def __init__(self, index: int, w: dict[str, Tensor], c: ToyConfig, ops_: Any, comm: Any, decay: float) -> None:
+        self.index, self.w, self.c, self.ops, self.comm, self.decay = index, w, c, ops_, comm, decay
         tp, r = comm.info.tp, comm.info.tp_rank
         self.hq = block(c.num_attention_heads, tp, r)[1]
         self.hk = len(kv_heads_of_rank(c.num_key_value_heads, tp, r))
         self.mixer = self  # the runtime allocates states through layer.mixer.new_state
 
-    def new_state(self, batch: int, capacity: int, dtype: torch.dtype, device: torch.device) -> LayerState:
-        return kv_state(batch, capacity, self.hk, self.c.head_dim, dtype, device)
+    def new_state(self, batch: int, capacity: int, dtype: torch.dtype, device: torch.device) -> ToyState:
+        kv = (batch, capacity, self.hk, self.c.head_dim)
+        return ToyState(torch.zeros(kv, dtype=dtype, device=device), torch.zeros(kv, dtype=dtype, device=device),
+                        torch.zeros(batch, self.c.hidden_size, dtype=torch.float32, device=device))  # fmt: skip
 
-    def __call__(self, h: Tensor, batch: Batch, state: LayerState, cos_sin: tuple[Tensor, Tensor]) -> Tensor:
+    def running_sum(self, a: Tensor, batch: Batch, state: ToyState) -> Tensor:
+        """The recurrence, token by token, each sequence continuing from its state."""
+        out = torch.empty(a.shape, dtype=torch.float32, device=a.device)
+        cu = batch.cu_seqlens.tolist()
+        for s in range(len(cu) - 1):
+            r = state.total[s] if bool(batch.has_state[s]) else torch.zeros_like(state.total[s])
+            for t in range(cu[s], cu[s + 1]):
+                r = self.decay * r + a[t].float()
+                out[t] = r
+            state.total[s] = r
+        return out.to(a.dtype)
+
+    def __call__(self, h: Tensor, batch: Batch, state: ToyState, cos_sin: tuple[Tensor, Tensor]) -> Tensor:
         c, w, d = self.c, self.w, self.c.head_dim
         T = h.shape[0]
         a, _ = self.ops.rms_norm(h, w["attn_norm.weight"], c.rms_norm_eps)
@@ -191,6 +235,7 @@ class ToyLayer:
         state.v[batch.seq_index, batch.positions] = v.view(T, self.hk, d).to(state.v.dtype)
         o = self.ops.attention(q.contiguous(), state.k, state.v, batch.cu_seqlens, batch.kv_lens, d**-0.5, None)
         h = h + self.comm.all_reduce(F.linear(o.reshape(T, self.hq * d), w["attn.out.weight"]))
+        h = h + SUM_WEIGHT * self.running_sum(a, batch, state)  # replicated: every TP rank holds the whole sum
         b, _ = self.ops.rms_norm(h, w["mlp_norm.weight"], c.rms_norm_eps)
         m = F.linear(self.ops.silu_mul(F.linear(b, w["mlp.gate_up.weight"])), w["mlp.down.weight"])
         return h + self.comm.all_reduce(m)
@@ -202,7 +247,7 @@ def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 
 
 class ToyRankModel(RankModel):
-    def stage(self, batch: Batch, states: dict[int, LayerState], h: Tensor, residual: Tensor | None):
+    def stage(self, batch: Batch, states: dict[int, MixerState], h: Tensor, residual: Tensor | None):
         cos_sin = rope_cos_sin(batch.positions, self.cfg.head_dim, self.cfg.rope_theta, torch.float32)
         for layer in self.layers:
             h = layer(h, batch, states[layer.index], cos_sin)
@@ -223,6 +268,7 @@ class ToyFamily(Family):
     config_class = ToyConfig
     tensors = TABLE
     activation_tensor = "mlp.gate_up.weight"
+    runtime_options = (DECAY,)
     presets = {
         "toy-tiny": dict(
             hidden_size=32,
@@ -243,12 +289,12 @@ class ToyFamily(Family):
                                                          cfg.padded_vocab) if n % tp]  # fmt: skip
 
     def reference_logits(self, ckpt: Any, sequences: Sequence[Sequence[int]], dtype: torch.dtype,
-                         device: Any = "cpu", **options: Any) -> list[Tensor]:  # fmt: skip
-        return toy_reference(ckpt, sequences, dtype)
+                         device: Any = "cpu", decay: str = DECAY.default) -> list[Tensor]:  # fmt: skip
+        return toy_reference(ckpt, sequences, dtype, float(decay))
 
     def rank_model(self, cfg: ToyConfig, stage: tuple[int, int], weights: dict[str, Any], ops_: Any, comm: Any,
-                   dtype: torch.dtype | None = None, **options: Any) -> RankModel:  # fmt: skip
-        layers = [ToyLayer(i, layer_weights(weights, self.layer_prefix.format(i)), cfg, ops_, comm)
+                   dtype: torch.dtype | None = None, decay: str = DECAY.default) -> RankModel:  # fmt: skip
+        layers = [ToyLayer(i, layer_weights(weights, self.layer_prefix.format(i)), cfg, ops_, comm, float(decay))
                   for i in range(*stage)]  # fmt: skip
         vocab = self.vocab_rows(cfg, comm.info.tp, comm.info.tp_rank)
         act = dtype or next(iter(weights.values())).dtype
@@ -305,7 +351,7 @@ def test_the_seam_test_can_fail(toy_family: ToyFamily, tmp_path: Path, monkeypat
     convert(src, shards, tp=2, pp=1)
     broken = ToyLayer.__call__
 
-    def perturbed(self: ToyLayer, h: Tensor, batch: Batch, state: LayerState, cos_sin: Any) -> Tensor:
+    def perturbed(self: ToyLayer, h: Tensor, batch: Batch, state: ToyState, cos_sin: Any) -> Tensor:
         out = broken(self, h, batch, state, cos_sin)
         return out * (1 + 1e-2 * math.sin(self.index + 1))
 
@@ -313,3 +359,102 @@ def test_the_seam_test_can_fail(toy_family: ToyFamily, tmp_path: Path, monkeypat
     prompts = random_prompts(2, cfg.vocab_size, seed=5, lengths=(5, 12))
     outcome = verify([shards], src, prompts, "random", max_new_tokens=3, backend="torch")
     assert not outcome["passed"]
+
+
+# ---- the family's own option and state, through the real commands and the runtime ----------------------
+@pytest.fixture
+def toy_layouts(toy_family: ToyFamily, tmp_path: Path) -> tuple[Path, Path, Path]:
+    """(checkpoint, TP2xPP2 shards, TP1xPP1 shards) of the toy family."""
+    src = tmp_path / "toy-hf"
+    synth(src, "toy-tiny", seed=3)
+    convert(src, tmp_path / "toy-tp2-pp2", tp=2, pp=2)
+    convert(src, tmp_path / "toy-tp1-pp1")
+    return src, tmp_path / "toy-tp2-pp2", tmp_path / "toy-tp1-pp1"
+
+
+def test_the_family_option_reaches_the_reference_and_the_runtime_through_the_cli(
+    toy_layouts: tuple[Path, Path, Path], tmp_path: Path, cli: Any, one_line_error: Any
+) -> None:
+    """`--option decay=0.25` on logits (reference and runtime), verify and generate, nothing in cli/
+    naming it.  Fails when the option is dropped on either side (the two decays give logits that
+    differ by far more than the tolerance) or when a command does not pass it on."""
+    src, shards, _ = toy_layouts
+    ids = "1,5,9,200,33,7,12,250,3"
+
+    def logits(path: Path, *option: str) -> np.ndarray:
+        out = tmp_path / f"logits-{len(list(tmp_path.iterdir()))}.npy"
+        cli("logits", path, "--input-ids", ids, "--out", out, *option)
+        return np.load(out)
+
+    ref, rt = logits(src, "--option", "decay=0.25"), logits(shards, "--option", "decay=0.25")
+    assert np.abs(ref - rt).max() < 1e-4 * np.abs(ref).max()
+    default = logits(shards)
+    assert np.abs(default - rt).max() > 1e-2 * np.abs(ref).max()  # the option changes the model
+    assert np.abs(default - logits(src)).max() < 1e-4 * np.abs(ref).max()
+
+    # verify: chunked prefill (prompts of different lengths: the subset path) and greedy decode
+    result = json.loads(cli("verify", shards, "--reference", src, "--random", 3, "--max-new-tokens", 5,
+                            "--prefill-chunk", 3, "--option", "decay=0.25", "--json").stdout)  # fmt: skip
+    assert result["passed"] and result["pinned"] == {"decay": "0.25"} and result["conventions"] == ["decay=0.25"]
+
+    made = json.loads(cli("generate", shards, "--prompt", "hello world", "--max-new-tokens", 4, "--option",
+                          "decay=0.25", "--json").stdout)  # fmt: skip
+    assert made["prompt_tokens"] >= 1 and 1 <= len(made["tokens"]) <= 4
+
+    for option, why in (("decay=0.3", "decay '0.3' is not one of 0.5, 0.25"),
+                        ("warp=1", "no forward option 'warp' (it has decay)"),
+                        ("decay", "expected KEY=VALUE")):  # fmt: skip
+        r = cli("logits", shards, "--input-ids", ids, "--out", tmp_path / "x.npy", "--option", option, expect=2)
+        assert why in one_line_error(r, 2)
+
+
+def test_help_lists_the_registered_families_options(toy_family: ToyFamily, cli: Any) -> None:
+    for command in ("logits", "verify", "generate", "serve", "eval"):
+        text = " ".join(cli(command, "--help").stdout.split())
+        assert "toy-attn: decay=0.5|0.25 (default 0.5)" in text, command
+        assert "plamo3: window_convention=hf|vllm (default hf)" in text, command
+
+
+def test_the_family_state_kind_runs_through_slot_pools_and_the_memory_plan(
+    toy_layouts: tuple[Path, Path, Path],
+) -> None:
+    """ToyState (KV per position + a running sum per sequence) through continuous batching with
+    fewer slots than prompts (slots refilled and compacted: `load`, `move`, `rows`), and counted by
+    the auto batch size from its own `bytes_per_sequence`.  Fails when the runtime copies only the
+    tensors it knows (the running sum of a refilled slot would be another sequence's) or counts
+    only KV bytes."""
+    from plamo2_tools.runtime.serving.engine import Runtime
+    from plamo2_tools.verify import reference_outputs
+
+    src, shards, single = toy_layouts
+    prompts = random_prompts(6, 300, seed=7, lengths=(3, 11))
+    # Four slots for six prompts: the last two wait and take freed slots; the long last one then
+    # runs alone in a high slot and is moved down as the decode batch shrinks.
+    limits = [3, 3, 3, 3, 3, 10]
+    want = reference_outputs(src, prompts, max(limits), torch.float64, forward_options={"decay": "0.25"})
+    with Runtime(shards, backend="torch", forward_options={"decay": "0.25"}) as rt:
+        got = rt.generate(prompts, limits, max_batch=4, sync_every=1, return_logits=True)
+    assert got.tokens == [w[:n] for w, n in zip(want.tokens, limits, strict=True)]
+    assert got.logits is not None
+    for mine, theirs, n in zip(got.logits, want.step_logits, limits, strict=True):
+        assert (mine.double() - theirs[:n].double()).abs().max() < 1e-4 * theirs.abs().max()
+    with Runtime(single, backend="torch") as rt:
+        c = rt.config
+        per_slot, _ = rt.engines[0].bytes_per_rank(10)
+        kv_per_token = 2 * c.num_key_value_heads * c.head_dim * 4  # float32 k and v
+        sums = c.hidden_size * 4  # float32, held twice: the slot and its prefill copy
+        assert per_slot == c.num_hidden_layers * (2 * sums + 10 * kv_per_token) + 4 * 4 * c.vocab_size
+
+
+def test_lm_eval_model_args_carry_the_family_option(toy_layouts: tuple[Path, Path, Path]) -> None:
+    """lm-eval's `--model_args ...,decay=0.25` reaches the runtime and its record (eval/ names no
+    family option); a value the family does not offer is refused."""
+    from plamo2_tools.errors import UserError
+    from plamo2_tools.eval.plamo2_lm import Plamo2LM
+
+    _, _, single = toy_layouts
+    lm = Plamo2LM.create_from_arg_string(f"pretrained={single},backend=torch,decay=0.25")
+    assert lm.runtime.forward_options == {"decay": "0.25"}
+    assert lm.get_model_info()["forward_options"] == {"decay": "0.25"}
+    with pytest.raises(UserError, match="decay '0.3' is not one of"):
+        Plamo2LM.create_from_arg_string(f"pretrained={single},backend=torch,decay=0.3")

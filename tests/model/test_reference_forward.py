@@ -15,6 +15,7 @@ from model_helpers import Checkpoint, preset_raw
 from plamo2_tools.errors import UserError
 from plamo2_tools.model.checkpoint import HFCheckpoint
 from plamo2_tools.model.plamo2 import reference
+from plamo2_tools.model.plamo_reference import layer_weights
 
 # Hidden states are compared in float64; 1e-9 leaves room for summation order and nothing else.
 TOL = 1e-9
@@ -47,7 +48,7 @@ def reference_hidden_states(ckpt: HFCheckpoint, tokens: list[int]) -> list[torch
     """The reference's own layers, chained in float64: [embedding output, layer 0, ...]."""
     hs = [ckpt.get("model.embed_tokens.weight").double()[torch.tensor(tokens)]]
     for i in range(ckpt.config.num_hidden_layers):
-        hs.append(reference.decoder_layer(hs[-1], reference.layer_weights(ckpt, i, torch.float64), ckpt.config, i))
+        hs.append(reference.decoder_layer(hs[-1], layer_weights(ckpt, i, torch.float64), ckpt.config, i))
     return hs
 
 

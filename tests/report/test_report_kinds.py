@@ -11,23 +11,24 @@ from typing import Any
 
 import pytest
 
-from plamo2_tools.convert.engine import CONVERT_KIND, CONVERT_SCHEMA_VERSION
-from plamo2_tools.eval.harness import EVAL_KIND, EVAL_SCHEMA_VERSION
-from plamo2_tools.inspect import INSPECT_KIND, INSPECT_SCHEMA_VERSION
-from plamo2_tools.report import build_report
-from plamo2_tools.report.inputs import (
-    BENCH_CONVERT_KIND,
+from bench import BENCHMARKS
+from bench import load as load_benchmark
+from plamo2_tools import kinds
+from plamo2_tools.kinds import (
     BENCH_KERNELS_KIND,
-    BENCH_RUNTIME_KIND,
-    BENCH_SERVE_KIND,
-    SCHEMAS,
-    VLLM_FORWARD_KIND,
-    classify,
-    collect,
-    load,
+    CHECK_KIND,
+    CHECK_SCHEMA_VERSION,
+    CONVERT_KIND,
+    CONVERT_SCHEMA_VERSION,
+    EVAL_KIND,
+    EVAL_SCHEMA_VERSION,
+    INSPECT_KIND,
+    INSPECT_SCHEMA_VERSION,
+    VERIFY_KIND,
+    VERIFY_SCHEMA_VERSION,
 )
-from plamo2_tools.shards.check import CHECK_KIND, CHECK_SCHEMA_VERSION
-from plamo2_tools.verify import VERIFY_KIND, VERIFY_SCHEMA_VERSION
+from plamo2_tools.report import build_report
+from plamo2_tools.report.inputs import SCHEMAS, classify, collect, load
 
 ROOT = Path(__file__).resolve().parents[2]
 WRITERS = {  # kind -> the version its writer writes today
@@ -36,19 +37,27 @@ WRITERS = {  # kind -> the version its writer writes today
     INSPECT_KIND: INSPECT_SCHEMA_VERSION,
     VERIFY_KIND: VERIFY_SCHEMA_VERSION,
     EVAL_KIND: EVAL_SCHEMA_VERSION,
+    kinds.EXPORT_FP8_KIND: kinds.EXPORT_FP8_SCHEMA_VERSION,
+    kinds.EXPORT_MLX_KIND: kinds.EXPORT_MLX_SCHEMA_VERSION,
+    kinds.VERIFY_TARGETS_KIND: kinds.VERIFY_TARGETS_SCHEMA_VERSION,
 }
 
 
 def module_constants(path: Path) -> dict[str, Any]:
-    """Module-level NAME = literal assignments of a script, read without importing it (bench/kernels.py
-    sets up Triton on import)."""
+    """Module-level NAME = literal assignments of a script (`A, B = 1, 2` too), read without importing it."""
     out = {}
     for node in ast.parse(path.read_text()).body:
-        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
-            try:
-                out[node.targets[0].id] = ast.literal_eval(node.value)
-            except ValueError:
-                continue
+        if not (isinstance(node, ast.Assign) and len(node.targets) == 1):
+            continue
+        target = node.targets[0]
+        try:
+            value = ast.literal_eval(node.value)
+        except ValueError:
+            continue
+        if isinstance(target, ast.Name):
+            out[target.id] = value
+        elif isinstance(target, ast.Tuple) and all(isinstance(e, ast.Name) for e in target.elts):
+            out.update(zip((e.id for e in target.elts), value, strict=True))  # type: ignore[attr-defined]
     return out
 
 
@@ -58,20 +67,43 @@ def test_every_writer_is_read_in_the_version_it_writes() -> None:
     assert len(set(WRITERS)) == len(WRITERS)
 
 
-@pytest.mark.parametrize(("script", "kind"), [("convert.py", BENCH_CONVERT_KIND), ("kernels.py", BENCH_KERNELS_KIND),
-                                               ("plamo3_vllm_forward.py", VLLM_FORWARD_KIND),
-                                               ("serve.py", BENCH_SERVE_KIND)])  # fmt: skip
-def test_bench_scripts_write_the_kind_the_report_reads(script: str, kind: str) -> None:
+# Scripts under bench/ that are not suite benchmarks and spell their kind out (module constants).
+SCRIPTS = {  # script -> (kind constant, version constant) as it names them
+    "vllm_compat.py": ("KIND", "VERSION"),
+    "plamo3_vllm_forward.py": ("KIND", "SCHEMA_VERSION"),
+    "kill_resume.py": ("KIND", "SCHEMA_VERSION"),
+    "tokenizer.py": ("KIND", "SCHEMA_VERSION"),
+    "mutants.py": ("KIND", "SCHEMA_VERSION"),
+    "export_fp8.py": ("KIND", "SCHEMA_VERSION"),
+    "export_mlx.py": ("KIND", "SCHEMA_VERSION"),
+}
+SCRIPT_KINDS = {  # what kinds.py says they write
+    "vllm_compat.py": (kinds.VLLM_COMPAT_KIND, kinds.VLLM_COMPAT_SCHEMA_VERSION),
+    "plamo3_vllm_forward.py": (kinds.VLLM_FORWARD_KIND, kinds.VLLM_FORWARD_SCHEMA_VERSION),
+    "kill_resume.py": (kinds.KILL_RESUME_KIND, kinds.KILL_RESUME_SCHEMA_VERSION),
+    "tokenizer.py": (kinds.BENCH_TOKENIZER_KIND, kinds.BENCH_TOKENIZER_SCHEMA_VERSION),
+    "mutants.py": (kinds.MUTANTS_KIND, kinds.MUTANTS_SCHEMA_VERSION),
+    "export_fp8.py": (kinds.BENCH_EXPORT_FP8_KIND, kinds.BENCH_EXPORT_FP8_SCHEMA_VERSION),
+    "export_mlx.py": (kinds.BENCH_EXPORT_MLX_KIND, kinds.BENCH_EXPORT_MLX_SCHEMA_VERSION),
+}
+
+
+@pytest.mark.parametrize("script", sorted(SCRIPTS))
+def test_standalone_scripts_write_the_kind_kinds_py_names(script: str) -> None:
+    """Read without importing them (vLLM's scripts need vLLM's venv)."""
     constants = module_constants(ROOT / "bench" / script)
-    assert constants["KIND"] == kind
-    assert constants["SCHEMA_VERSION"] in SCHEMAS[kind].versions
+    kind_name, version_name = SCRIPTS[script]
+    assert (constants[kind_name], constants[version_name]) == SCRIPT_KINDS[script]
+    assert constants[version_name] in SCHEMAS[constants[kind_name]].versions
 
 
-def test_bench_runtime_writes_its_kind() -> None:
-    """bench/runtime.py has another owner; it must at least write the kind the report reads."""
-    source = ast.parse((ROOT / "bench" / "runtime.py").read_text())
-    literals = {n.value for n in ast.walk(source) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
-    assert BENCH_RUNTIME_KIND in literals
+def test_every_benchmark_of_the_suite_writes_a_kind_the_report_reads() -> None:
+    """The registry's modules name their kind from kinds.py, at the suite's envelope version."""
+    for name in BENCHMARKS:
+        module = load_benchmark(name)
+        assert module.KIND.startswith("plamo2-bench-"), name
+        assert kinds.BENCH_SCHEMA_VERSION in SCHEMAS[module.KIND].versions, name
+    assert len({load_benchmark(n).KIND for n in BENCHMARKS}) == len(BENCHMARKS)
 
 
 def write(path: Path, data: Any) -> Path:
@@ -115,7 +147,7 @@ def test_kernel_stream_needs_its_header_and_a_known_version(tmp_path: Path) -> N
     assert classify(load(good)) == ("bench-kernels", "")  # a rerun appended to the stream: two headers
     mixed = tmp_path / "mixed.jsonl"
     mixed.write_text("".join(json.dumps(r) + "\n" for r in (header, record, {**header, "schema_version": 9})))
-    assert classify(load(mixed))[1] == "plamo2-bench-kernels schema_version 1, 9: this plamo2-tools reads version 1"
+    assert classify(load(mixed))[1] == "plamo2-bench-kernels schema_version 1, 9: this plamo2-tools reads version 1, 2"
     verify_stream = tmp_path / "verify.jsonl"
     verify_stream.write_text(json.dumps({"kind": VERIFY_KIND, "schema_version": 1}) + "\n" + json.dumps(record) + "\n")
     assert "only plamo2-bench-kernels streams" in classify(load(verify_stream))[1]
@@ -145,4 +177,4 @@ def test_every_committed_result_is_recognised() -> None:
     """reports/ holds results of every kind; none may fall out of the report (only duplicates go)."""
     docs, skipped = collect([ROOT / "reports"])
     assert [s for s in skipped if not s.reason.startswith(("same results as", "all its measurements"))] == []
-    assert {d.kind for d in docs} >= {"verify", "bench-convert", "bench-kernels", "bench-runtime"}
+    assert {d.kind for d in docs} >= {"verify", "bench-convert", "bench-kernels", "bench-throughput", "bench-serving"}

@@ -15,14 +15,15 @@ import threading
 import time
 from typing import Any
 
-from plamo2_tools.runtime.serving.online import Event, OnlineLoop, OnlineRequest
+from plamo2_tools.generation_request import GenerationRequest
+from plamo2_tools.runtime.serving.online import Event, OnlineLoop
 
 REQUEST_KEYS = ("temperature", "top_p", "seed", "stream", "stop", "prompt_logprobs")
 
 
-def request_of(step: dict[str, Any]) -> OnlineRequest:
+def request_of(step: dict[str, Any]) -> GenerationRequest:
     extra = {k: (tuple(step[k]) if k == "stop" else step[k]) for k in REQUEST_KEYS if k in step}
-    return OnlineRequest(step["id"], tuple(step["prompt"]), int(step["max_tokens"]), **extra)
+    return GenerationRequest(step["id"], tuple(step["prompt"]), int(step["max_tokens"]), **extra)
 
 
 def scripted_session(rt: Any, script: list[dict[str, Any]], max_batch: int, max_context: int, sync_every: int = 8,

@@ -3,7 +3,7 @@ on the same kernels, and generation with graphs equals generation without.
 
 The model is the tiny-gqa preset in bf16 on the PyTorch kernels by default (its 16-wide heads are
 below Triton's tile minimum); PLAMO2_GPU_TEST_SHARDS=<shard dir> runs the same checks on real
-shapes with the Triton kernels (bench/gpu_generation.sh points it at synthetic plamo-2-1b).
+shapes with the Triton kernels (a GPU session points it at synthetic plamo-2-1b: docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def prompts(vocab: int, lengths: list[int], seed: int = 0) -> list[list[int]]:
 def snapshot(runner) -> list[torch.Tensor]:
     tensors = [runner.ids, runner.pos, runner.keys, runner.steps, runner.next]
     for st in runner.states.values():
-        tensors += [t for t in (st.conv, st.ssm, st.k, st.v) if t is not None]
+        tensors += list(st.tensors().values())
     return tensors
 
 
@@ -102,7 +102,8 @@ def test_generate_with_graphs_equals_eager(gpu_shards) -> None:
 def test_online_loop_with_graphs_equals_eager(gpu_shards) -> None:
     """Mixed greedy / sampled requests arriving while the loop runs: one graph per bucket and
     sampling mode on CUDA gives the tokens of the eager loop."""
-    from plamo2_tools.runtime.serving.online import OnlineLoop, OnlineRequest
+    from plamo2_tools.generation_request import GenerationRequest
+    from plamo2_tools.runtime.serving.online import OnlineLoop
 
     results = []
     for graphs in (True, False):
@@ -110,8 +111,9 @@ def test_online_loop_with_graphs_equals_eager(gpu_shards) -> None:
             seqs = prompts(rt.config.vocab_size, [3, 50, 17, 9, 31, 64, 5])
             settings = [(0.0, 1.0), (0.9, 0.95), (0.7, 1.0), (0.0, 1.0), (1.2, 0.5), (0.8, 1.0), (0.0, 1.0)]
             with OnlineLoop(rt, max_batch=4, max_context=128, eos_token_ids=[]) as loop:
-                handles = [loop.submit(OnlineRequest(f"r{i}", tuple(p), 12, temperature=t, top_p=q, seed=4, stream=i))
-                           for i, (p, (t, q)) in enumerate(zip(seqs, settings, strict=True))]  # fmt: skip
+                requests = [GenerationRequest(f"r{i}", tuple(p), 12, temperature=t, top_p=q, seed=4, stream=i)
+                            for i, (p, (t, q)) in enumerate(zip(seqs, settings, strict=True))]  # fmt: skip
+                handles = [loop.submit(r) for r in requests]
                 for h in handles:
                     h.result(120)
                 if graphs:

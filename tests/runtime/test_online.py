@@ -13,10 +13,11 @@ import torch
 from online_script import request_of, scripted_session
 
 from plamo2_tools.errors import UserError
+from plamo2_tools.generation_request import GenerationRequest
 from plamo2_tools.runtime.process.jobs import run_job
 from plamo2_tools.runtime.rank.comm import LocalWorld
 from plamo2_tools.runtime.serving.engine import Runtime
-from plamo2_tools.runtime.serving.online import OnlineLoop, OnlineRequest
+from plamo2_tools.runtime.serving.online import OnlineLoop
 from plamo2_tools.runtime.serving.text import StopStringWatcher, decode_kept_specials
 
 HERE = Path(__file__).parent
@@ -52,7 +53,7 @@ def mixed_script(vocab: int) -> list[dict]:
 def alone(rt: Runtime, step: dict) -> list[int]:
     """The request by itself, through Runtime.generate (one sequence, nothing else in the batch)."""
     r = request_of(step)
-    return rt.generate([list(r.prompt)], r.max_tokens, temperature=r.temperature, top_p=r.top_p,
+    return rt.generate([list(r.prompt_token_ids)], r.max_tokens, temperature=r.temperature, top_p=r.top_p,
                        seed=r.seed or 0, request_keys=[r.stream]).tokens[0]  # fmt: skip
 
 
@@ -119,9 +120,9 @@ def test_stop_strings_and_prompt_logprobs_per_request(shards) -> None:
         scores = rt.token_scores([prompt], [1], 3)[0]
         ref_logits = rt.prompt_logits([prompt])[0]
         with OnlineLoop(rt, max_batch=4, max_context=64, eos_token_ids=[]) as loop:
-            plain = loop.submit(OnlineRequest("plain", tuple(prompt), 30, temperature=0.0))
-            cut = loop.submit(OnlineRequest("cut", tuple(prompt), 30, temperature=0.0, stop=(stop, "never there")))
-            echo = loop.submit(OnlineRequest("echo", tuple(prompt), 1, temperature=0.0, prompt_logprobs=3))
+            plain = loop.submit(GenerationRequest("plain", tuple(prompt), 30, temperature=0.0))
+            cut = loop.submit(GenerationRequest("cut", tuple(prompt), 30, temperature=0.0, stop=(stop, "never there")))
+            echo = loop.submit(GenerationRequest("echo", tuple(prompt), 1, temperature=0.0, prompt_logprobs=3))
             events = list(echo)
             cut.result(60), plain.result(60)
             during = loop.token_scores([prompt], [1], 3)[0]  # the score path while the loop runs
@@ -147,14 +148,14 @@ def test_submit_refuses_what_cannot_run_and_reports_load(shards) -> None:
     with Runtime(shards("tiny", 1, 1, seed=11), backend="torch") as rt:
         loop = OnlineLoop(rt, max_batch=1, max_context=32, eos_token_ids=[])
         with pytest.raises(UserError):
-            loop.submit(OnlineRequest("early", (5, 6), 3))  # not started
+            loop.submit(GenerationRequest("early", (5, 6), 3))  # not started
         with loop:
             with pytest.raises(UserError, match="context"):
-                loop.submit(OnlineRequest("long", tuple(range(3, 30)), 10))
-            first = loop.submit(OnlineRequest("x", (5, 6, 7), 20, temperature=0.0))
+                loop.submit(GenerationRequest("long", tuple(range(3, 30)), 10))
+            first = loop.submit(GenerationRequest("x", (5, 6, 7), 20, temperature=0.0))
             with pytest.raises(UserError, match="already"):
-                loop.submit(OnlineRequest("x", (5, 6, 7), 2))
-            second = loop.submit(OnlineRequest("y", (8, 9), 3, temperature=0.0))
+                loop.submit(GenerationRequest("x", (5, 6, 7), 2))
+            second = loop.submit(GenerationRequest("y", (8, 9), 3, temperature=0.0))
             stats = loop.stats()
             assert stats.waiting + stats.running <= 2
             with pytest.raises(UserError, match="online loop"):

@@ -24,14 +24,32 @@ SECRET = b"private bytes that no plamo2-tools command may change\n"
 Run = Callable[..., subprocess.CompletedProcess]
 
 
+def memory_limit(limit: int | None) -> Callable[[], None] | None:
+    """A preexec function capping the child's address space at `limit` bytes (`ulimit -v`): an
+    input that makes memory grow fails there instead of taking the machine's.  One thread for
+    torch's pools (each thread's arena counts towards the cap: the same headroom on any core count)."""
+    if limit is None:
+        return None
+
+    def cap() -> None:
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+    return cap
+
+
 @pytest.fixture(scope="session")
 def run() -> Run:
-    """run(*ARGS, timeout=120, input=None): `python -m plamo2_tools.cli ARGS` as a user runs it."""
+    """run(*ARGS, timeout=120, input=None, memory=None): `python -m plamo2_tools.cli ARGS` as a
+    user runs it; `memory` caps its address space in bytes (`ulimit -v`)."""
 
-    def call(*args: str | int | Path, timeout: float = 120, input: str | None = None) -> subprocess.CompletedProcess:
+    def call(*args: str | int | Path, timeout: float = 120, input: str | None = None,
+             memory: int | None = None) -> subprocess.CompletedProcess:  # fmt: skip
         cmd = [sys.executable, "-m", "plamo2_tools.cli", *map(str, args)]
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=cli_env(), input=input,
-                              cwd=ROOT)  # fmt: skip
+        env = cli_env() if memory is None else {**cli_env(), "OMP_NUM_THREADS": "1", "MALLOC_ARENA_MAX": "2"}
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, input=input,
+                              cwd=ROOT, preexec_fn=memory_limit(memory))  # fmt: skip
 
     return call
 

@@ -1,4 +1,4 @@
-"""Issue 21, class 7: the short fuzz campaign (tests/security/fuzzing.py says what it does; the
+"""Issues 21 (class 7) and 28: the short fuzz campaign (tests/security/fuzzing.py says what it does; the
 long one is bench/fuzz.py).  Each target gets a bounded number of generated inputs, so the whole
 campaign stays near a minute on a 2-core machine."""
 
@@ -14,7 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 EXAMPLES = {"safetensors-header": 100, "manifest": 100, "config": 80, "tokenizer-rows": 50, "journal": 80,
-            "result-file": 100, "cli-options": 150}  # fmt: skip
+            "result-file": 100, "cli-options": 150, "plamo3-config": 40, "tokenizer-pieces": 60,
+            "batch-file": 25}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -47,3 +48,7 @@ def test_the_contract_can_fail() -> None:
     assert verdict(2, "", "Traceback (most recent call last):\nerror: x") == "a traceback"
     assert verdict(3, "", "error: a\nerror: b\n") is not None
     assert verdict(2, "", "WARNING skipped\nerror: x\n") is not None
+    # a batch file's refused lines: `warning:` lines before the one error line, only where allowed
+    assert verdict(2, "", "warning: line 1\nerror: x\n", warnings=True) is None
+    assert verdict(2, "", "warning: line 1\nerror: x\n") is not None
+    assert verdict(2, "", "warning: line 1\n", warnings=True) is not None

@@ -50,7 +50,10 @@ def write_lines(path: Path, lines: list[Any]) -> Path:
 
 
 def records(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text().splitlines()]
+    """The results, after the file's first line (the run's header)."""
+    header, *lines = path.read_text().splitlines()
+    assert json.loads(header)["format"] == "plamo2-batch-results"
+    return [json.loads(line) for line in lines]
 
 
 def test_results_equal_each_request_alone(cli, shard_dir: Path, oracle: Oracle, tmp_path: Path) -> None:
@@ -111,7 +114,10 @@ def generate_process(shard_dir: Path, src: Path, out: Path) -> subprocess.Popen[
     cmd = [sys.executable, "-m", "plamo2_tools.cli", "generate", str(shard_dir), "--input", str(src), "--output",
            str(out), "--max-batch", "2", "--max-new-tokens", "40", "--seed", "3"]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # SIGINT at its default, as a terminal's Ctrl-C finds a foreground process: the test sends one, and a
+    # test run launched in the background would otherwise hand the CLI an ignored SIGINT.
+    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
 
 
 @pytest.mark.slow
@@ -134,14 +140,14 @@ def test_killed_and_resumed_equals_a_clean_run(shard_dir: Path, tmp_path: Path) 
         time.sleep(0.01)
     p.send_signal(signal.SIGKILL)
     p.wait(30)
-    partial = out.read_text().splitlines()
-    assert 4 <= len(partial) < 35, len(partial)  # killed mid-run: some results written, not all
+    partial = out.read_text().splitlines()[1:]  # after the header
+    assert 3 <= len(partial) < 35, len(partial)  # killed mid-run: some results written, not all
     with open(out, "a") as f:
         f.write('{"index": 30, "choi')  # as if killed mid-write: a cut last line is dropped on resume
 
     # resumed, then Ctrl-C (SIGINT): exit 130 with one line saying what is left, soon, no hang
     p = generate_process(shard_dir, src, out)
-    while len(out.read_text().splitlines()) < len(partial) + 3:
+    while len(out.read_text().splitlines()) < 1 + len(partial) + 3:
         assert p.poll() is None and time.monotonic() < deadline + 120, "the resumed run ended before the SIGINT"
         time.sleep(0.01)
     p.send_signal(signal.SIGINT)
@@ -150,7 +156,7 @@ def test_killed_and_resumed_equals_a_clean_run(shard_dir: Path, tmp_path: Path) 
     assert f"resuming: {len(partial)} requests already done" in err  # the cut line did not count
     assert err.strip().splitlines()[-1] == (f"interrupted: {out} holds the results finished so far; "
                                             "run the same command again to resume")  # fmt: skip
-    before = len(out.read_text().splitlines())
+    before = len(out.read_text().splitlines()) - 1
 
     p = generate_process(shard_dir, src, out)
     _, err = p.communicate(timeout=300)

@@ -111,3 +111,30 @@ def test_no_remote_code_without_the_flag(cli, tmp_path: Path) -> None:
     write_synthetic_tokenizer(directory, vocab_size=300)
     (directory / "tokenizer.jsonl").rename(directory / "other.jsonl")  # not ours: AutoTokenizer's
     assert "remote code" in run(cli, [str(directory)], '"x"\n', expect=2)
+
+
+# ---- tokenize --decode: one test per rule of a line (issue 34, class 4) ---------------------------------------
+@pytest.mark.parametrize(
+    ("stdin", "message"),
+    [
+        ("[true]\n", "stdin:1: expected an array of token ids"),  # JSON's true is no token id (Python: int 1)
+        ("[5, false]\n", "stdin:1: expected an array of token ids"),
+        ("[5, 6.0]\n", "stdin:1: expected an array of token ids"),
+        ('"5"\n', "stdin:1: expected an array of token ids"),
+        ("[[5]]\n", "stdin:1: expected an array of token ids"),
+        ('{"ids": [5]}\n', "stdin:1: expected an array of token ids"),
+        ("[5]\n\n[-1]\n", "stdin:3: cannot decode"),  # negative: not Python's index from the end
+        ("[5]\n[768]\n", "stdin:2: cannot decode"),  # past the model's vocabulary
+        ("[" * 5000 + "]" * 5000 + "\n", "stdin:1: nested too deeply"),
+    ],
+)
+def test_decode_refuses_what_is_no_token_id(cli, one_line_error, ckpt: Path, stdin: str, message: str) -> None:
+    """Each refusal is one line, exit 2, nothing on stdout for the refused line.  Seen red with the bool check
+    of `tokenizer/cli_io.py` removed (`[true]` decoded as BOS; bench/mutants.py `valid-decode-bool`)."""
+    r = cli("tokenize", str(ckpt), "--decode", input=stdin, expect=2)
+    assert message in one_line_error(r, 2)
+
+
+def test_decode_accepts_the_edges_of_the_vocabulary(cli, ckpt: Path) -> None:
+    out = run(cli, [str(ckpt), "--decode"], "[0]\n[767]\n[]\n")
+    assert len(out.splitlines()) == 3

@@ -15,6 +15,7 @@ from plamo3_reference import BOUNDARY, split_ids
 from tokenizer_reference import Reference
 
 from plamo2_tools.errors import UserError
+from plamo2_tools.model.registry import tokenizer_flavour
 from plamo2_tools.tokenizer import PlamoTokenizerNative, load_native, load_tokenizer, write_synthetic_tokenizer
 from plamo2_tools.tokenizer.synthetic import CONTROL_TOKENS, PLAMO3_THRESHOLDS
 
@@ -60,7 +61,7 @@ def expected_ids(rows: list[list[object]], text: str, repeated: int | None, spac
 @pytest.fixture(scope="module")
 def tokdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     directory = tmp_path_factory.mktemp("tok3")
-    write_synthetic_tokenizer(directory, vocab_size=1200, plamo3=True)
+    write_synthetic_tokenizer(directory, vocab_size=1200, flavour="plamo3")
     (directory / "config.json").write_text(json.dumps({"vocab_size": 1216}))  # no model_type: the config decides
     return directory
 
@@ -128,8 +129,10 @@ def test_loaded_with_plamos_constructor_arguments(tok: PlamoTokenizerNative) -> 
 def test_family_detection(
     tokdir: Path, tmp_path: Path, changes: dict[str, object], config: dict[str, object] | None, family: str
 ) -> None:
+    """The class tokenizer_config.json names wins; naming none, the flavour the model family of the
+    directory's config.json declares (`Family.tokenizer_flavour`, as the runtime loads it)."""
     directory = variant(tokdir, tmp_path / "v", config, **changes)
-    tok = load_tokenizer(directory)
+    tok = load_tokenizer(directory, flavour=tokenizer_flavour(directory))
     assert isinstance(tok, PlamoTokenizerNative) and tok.plamo_family == family
     text = "x<|plamo:op|>y" + "a" * 20
     expected = [1] + (expected_ids(rows_of(tokdir), text, REPEATED, SPACES) if family == "plamo3" else [])

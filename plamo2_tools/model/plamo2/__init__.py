@@ -10,8 +10,9 @@ from typing import Any
 
 from ..family import Family, Variant
 from ..layout import kind_of, layer_of
+from ..plamo import FINAL_NORM_OFFSET, NORM_OFFSETS
 from . import tensors as table
-from .config import FINAL_NORM_OFFSET, NORM_OFFSETS, Plamo2Config
+from .config import Plamo2Config
 from .gguf import GGUF
 from .presets import PRESETS, TINY_PRESETS
 
@@ -31,6 +32,8 @@ class Plamo2Family(Family):
     tensors = table.TENSORS
     extras = table.VLLM_EXTRAS
     gguf = GGUF
+    fp8_quantized = table.FP8_QUANTIZED
+    fp8_kept = table.FP8_KEPT
     presets = PRESETS
     tiny_presets = TINY_PRESETS
     kind_names = {"mamba": "Mamba", "attention": "attention"}
@@ -110,6 +113,11 @@ class Plamo2Family(Family):
     def norm_offset(self, cfg: Plamo2Config, name: str) -> float:
         norm = layer_of(name, self.layer_prefix)[1].removesuffix(".weight")
         return NORM_OFFSETS.get(norm, FINAL_NORM_OFFSET)
+
+    def mlx_layout(self) -> Any:
+        from .mlx import LAYOUT
+
+        return LAYOUT
 
     def reference_logits(self, ckpt: Any, sequences: Sequence[Sequence[int]], dtype: Any, device: Any = "cpu",
                          **options: Any) -> Any:  # fmt: skip

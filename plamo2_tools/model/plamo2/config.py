@@ -10,7 +10,8 @@ from typing import Any
 
 from ...errors import CheckpointError, ConfigError
 from ...jsonio import CONFIG_BYTES, read_json
-from ..layout import padded_vocab
+from ..limits import int_problem, shown_int, token_ids
+from ..plamo import PlamoConfig, model_type_of
 
 REQUIRED_KEYS = (
     "hidden_size",
@@ -46,18 +47,9 @@ MODEL_TYPES = ("plamo2", "plamo")
 # HF's remote code forces at least this context (modeling_plamo.py).
 MIN_MAX_POSITIONS = 10 * 2**20
 
-# Norm offsets folded into the stored deltas (docs/model.md §3.1).
-NORM_OFFSETS = {
-    "pre_mixer_norm": 1.0,
-    "post_mixer_norm": 1.0 / 5,
-    "pre_mlp_norm": 1.0,
-    "post_mlp_norm": 1.0 / 5**1.5,
-}
-FINAL_NORM_OFFSET = 1.0
-
 
 @dataclass(frozen=True)
-class Plamo2Config:
+class Plamo2Config(PlamoConfig):
     hidden_size: int
     num_hidden_layers: int
     num_attention_heads: int
@@ -98,11 +90,6 @@ class Plamo2Config:
         return max(64, self.hidden_size // 16)
 
     @property
-    def padded_vocab(self) -> int:
-        """Vp = ceil(V / 64) * 64, vLLM's VocabParallelEmbedding padding."""
-        return padded_vocab(self.vocab_size)
-
-    @property
     def lm_head_rows(self) -> int:
         """HF rounds an untied lm_head up to a multiple of 16 rows; logits are cut to V."""
         return math.ceil(self.vocab_size / 16) * 16
@@ -133,23 +120,10 @@ class Plamo2Config:
             return self.rope_theta
         return self.rope_local_theta
 
-    @property
-    def eos_token_ids(self) -> tuple[int, ...]:
-        if self.eos_token_id is None:
-            return ()
-        if isinstance(self.eos_token_id, int):
-            return (self.eos_token_id,)
-        return tuple(self.eos_token_id)
-
     # ---- I/O ---------------------------------------------------------------------------------
     @classmethod
     def from_dict(cls, raw: dict[str, Any], source: str = "config.json") -> Plamo2Config:
-        # model_type first: another model's config would otherwise be reported as missing keys.
-        model_type = raw.get("model_type", DEFAULTS["model_type"])
-        if model_type not in MODEL_TYPES:
-            raise ConfigError(
-                f"{source}: model_type is {model_type!r}, expected 'plamo2' (is this a PLaMo 2 checkpoint?)"
-            )
+        model_type = model_type_of(raw, MODEL_TYPES, source, "PLaMo 2")
         missing = [k for k in REQUIRED_KEYS if k not in raw]
         if missing:
             raise ConfigError(f"{source}: missing required key(s): {', '.join(missing)}")
@@ -180,6 +154,8 @@ class Plamo2Config:
             MIN_MAX_POSITIONS,
             _int({"k": values["max_position_embeddings"]}, "k", source, "max_position_embeddings"),
         )
+        for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
+            values[key] = token_ids(values[key], source, key, many=key == "eos_token_id")
         values["mamba_enabled"] = _bool(values["mamba_enabled"], source, "mamba_enabled")
         values["tie_word_embeddings"] = _bool(values["tie_word_embeddings"], source, "tie_word_embeddings")
         known = set(REQUIRED_KEYS) | set(DEFAULTS) | {"rope_local_theta"}
@@ -216,11 +192,12 @@ class Plamo2Config:
 
     def _validate(self, source: str) -> None:
         def fail(key: str, why: str) -> None:
-            raise ConfigError(f"{source}: {key} = {getattr(self, key)!r}: {why}")
+            raise ConfigError(f"{source}: {key} = {shown_int(getattr(self, key))!r:.60}: {why}")
 
-        for key in REQUIRED_KEYS:
-            if getattr(self, key) <= 0:
-                fail(key, "must be a positive integer")
+        for key in (*REQUIRED_KEYS, "mamba_chunk_size", "attention_window_size", "max_position_embeddings"):
+            problem = int_problem(key, getattr(self, key))
+            if problem:
+                fail(key, problem)
         if self.mamba_enabled and self.mamba_step <= 1:
             fail("mamba_step", "must be > 1 (the Mamba/attention layer pattern needs it)")
         if self.num_attention_heads % self.num_key_value_heads:
@@ -231,14 +208,10 @@ class Plamo2Config:
             fail("mamba_d_conv", "must be >= 2")
         if self.rms_norm_eps <= 0:
             fail("rms_norm_eps", "must be > 0")
-        if self.attention_window_size <= 0:
-            fail("attention_window_size", "must be > 0")
         if self.rope_theta <= 0:
             fail("rope_theta", "must be > 0")
         if self.rope_local_theta is not None and self.rope_local_theta <= 0:
             fail("rope_local_theta", "must be > 0")
-        if self.mamba_chunk_size <= 0:
-            fail("mamba_chunk_size", "must be > 0")
         bad = [i for i in self.full_attention_idx if not 0 <= i < self.num_hidden_layers]
         if bad:
             fail("full_attention_idx", f"layer(s) {bad} out of range 0..{self.num_hidden_layers - 1}")
@@ -249,18 +222,18 @@ def _int(raw: dict[str, Any], key: str, source: str, name: str | None = None) ->
     if isinstance(value, bool) or not isinstance(value, int):
         if isinstance(value, float) and value.is_integer():
             return int(value)
-        raise ConfigError(f"{source}: {name or key} = {value!r}: must be an integer")
+        raise ConfigError(f"{source}: {name or key} = {value!r:.40}: must be an integer")
     return value
 
 
 def _float(value: Any, source: str, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ConfigError(f"{source}: {name} = {value!r}: must be a number")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ConfigError(f"{source}: {name} = {value!r:.40}: must be a finite number")
     return float(value)
 
 
 def _bool(value: Any, source: str, name: str) -> bool:
     # bool("false") is True: a string here would silently flip the meaning, so refuse it.
     if not isinstance(value, bool):
-        raise ConfigError(f"{source}: {name} = {value!r}: must be true or false")
+        raise ConfigError(f"{source}: {name} = {value!r:.40}: must be true or false")
     return value

@@ -6,6 +6,7 @@ the embedding, the head and the four-norm layer every PLaMo family shares).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -13,18 +14,24 @@ import torch
 from ..forward import (
     Batch,
     Comm,
-    LayerState,
-    PlamoLayer,
+    KVCache,
+    MixerState,
     RankModel,
-    kv_state,
-    layer_weights,
-    mixer_weights,
+    plamo_layers,
     rope_cos_sin,
 )
 from .config import Plamo2Config
 from .tensors import RankSizes
 
 Tensor = torch.Tensor
+
+
+@dataclass
+class MambaState(MixerState):
+    """A Mamba layer's state: a fixed size per sequence, whatever its length."""
+
+    conv: Tensor  # (S, I/tp, K-1): the last K-1 raw conv inputs, oldest first
+    ssm: Tensor  # (S, Hm/tp, d, N) float32
 
 
 class MambaMixer:
@@ -40,16 +47,16 @@ class MambaMixer:
         self.B_norm, self.C_norm, self.dt_norm = w["B_norm.weight"], w["C_norm.weight"], w["dt_norm.weight"]
         self.out_proj = w["out_proj.weight"]
 
-    def new_state(self, batch: int, capacity: int, dtype: torch.dtype, device: torch.device) -> LayerState:
+    def new_state(self, batch: int, capacity: int, dtype: torch.dtype, device: torch.device) -> MambaState:
         cfg = self.cfg
-        return LayerState(
+        return MambaState(
             conv=torch.zeros(batch, self.inner, cfg.mamba_d_conv - 1, dtype=dtype, device=device),
             ssm=torch.zeros(
                 batch, self.heads, cfg.hidden_size_per_head, cfg.mamba_d_state, dtype=torch.float32, device=device
             ),  # fmt: skip
         )
 
-    def __call__(self, a: Tensor, batch: Batch, state: LayerState, context: dict[Any, Any]) -> Tensor:
+    def __call__(self, a: Tensor, batch: Batch, state: MambaState, context: dict[Any, Any]) -> Tensor:
         ops, cfg = self.ops, self.cfg
         T, d, eps = a.shape[0], cfg.hidden_size_per_head, cfg.rms_norm_eps
         zx = ops.linear(a, self.in_proj)
@@ -87,10 +94,10 @@ class AttentionMixer:
         self.rope_base = cfg.rope_base(layer)  # PLaMo 2.1: per layer
         self.scale = d**-0.5
 
-    def new_state(self, batch: int, capacity: int, dtype: torch.dtype, device: torch.device) -> LayerState:
-        return kv_state(batch, capacity, self.kv_heads, self.cfg.hidden_size_per_head, dtype, device)
+    def new_state(self, batch: int, capacity: int, dtype: torch.dtype, device: torch.device) -> KVCache:
+        return KVCache.zeros(batch, capacity, self.kv_heads, self.cfg.hidden_size_per_head, dtype, device)
 
-    def __call__(self, a: Tensor, batch: Batch, state: LayerState, context: dict[Any, Any]) -> Tensor:
+    def __call__(self, a: Tensor, batch: Batch, state: KVCache, context: dict[Any, Any]) -> Tensor:
         ops, cfg = self.ops, self.cfg
         T, d = a.shape[0], cfg.hidden_size_per_head
         # q/k norms, RoPE (fp32 tables) and the K/V cache writes in one launch (about 16 unfused).
@@ -112,16 +119,12 @@ class Plamo2RankModel(RankModel):
 
 
 def build_rank_model(family: Any, cfg: Plamo2Config, stage: tuple[int, int], weights: dict[str, Tensor], ops: Any,
-                     comm: Comm, dtype: torch.dtype | None = None, **options: Any) -> Plamo2RankModel:  # fmt: skip
-    info = comm.info
-    sizes = family.rank_sizes(cfg, info.tp, info.tp_rank)  # the tensor table's split rules
-    layers = []
-    for i in range(*stage):
-        w = layer_weights(weights, family.layer_prefix.format(i))
+                     comm: Comm, dtype: torch.dtype | None = None) -> Plamo2RankModel:  # fmt: skip
+    def mixer(i: int, w: dict[str, Tensor], sizes: RankSizes) -> Any:
         if cfg.layer_is_mamba[i]:
-            mixer: Any = MambaMixer(cfg, mixer_weights(w), sizes, ops, comm)
-        else:
-            mixer = AttentionMixer(cfg, mixer_weights(w), sizes, i, ops, comm)
-        layers.append(PlamoLayer(i, mixer, w, cfg.rms_norm_eps, ops, comm))
+            return MambaMixer(cfg, w, sizes, ops, comm)
+        return AttentionMixer(cfg, w, sizes, i, ops, comm)
+
+    layers, sizes = plamo_layers(family, cfg, stage, weights, ops, comm, mixer)
     act = dtype or next(iter(weights.values())).dtype
     return Plamo2RankModel(cfg, layers, weights, ops, comm, (sizes.vocab_start, sizes.vocab_rows), act)

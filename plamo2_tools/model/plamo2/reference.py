@@ -12,9 +12,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ...errors import UserError
 from .. import reference_ops as ops
-from .config import FINAL_NORM_OFFSET, NORM_OFFSETS, Plamo2Config
+from ..plamo import NORM_OFFSETS
+from ..plamo_reference import reference_logits as plamo_reference_logits
+from .config import Plamo2Config
 
 QK_NORM_EPS = 1e-6  # hard-coded in HF's remote code (vLLM uses rms_norm_eps; equal in every release)
 
@@ -86,17 +87,6 @@ def decoder_layer(h: torch.Tensor, w: dict[str, torch.Tensor], cfg: Plamo2Config
     return h + norm(f, "post_mlp_norm")
 
 
-def layer_weights(
-    ckpt: Any, layer: int, dtype: torch.dtype, device: torch.device | str = "cpu"
-) -> dict[str, torch.Tensor]:
-    prefix = f"model.layers.layers.{layer}."
-    return {
-        name.removeprefix(prefix): ckpt.get(name).to(device=device, dtype=dtype)
-        for name in ckpt.tensors
-        if name.startswith(prefix)
-    }
-
-
 @torch.no_grad()
 def reference_logits(
     ckpt: Any,  # model.checkpoint.HFCheckpoint
@@ -106,19 +96,4 @@ def reference_logits(
 ) -> list[torch.Tensor]:
     """float32 CPU logits (T_i, V) for each token sequence, computed in `dtype` on `device`."""
     cfg = ckpt.config
-    V = cfg.vocab_size
-    for seq in sequences:
-        bad = [t for t in seq if not 0 <= t < V]
-        if bad:
-            # A UserError (not ValueError): the CLI prints it as one line with exit code 2.
-            raise UserError(f"token id(s) {bad[:5]} outside the vocabulary [0, {V})")
-    embed = ckpt.get("model.embed_tokens.weight")
-    hs = [embed[torch.as_tensor(list(seq), dtype=torch.long)].to(device=device, dtype=dtype) for seq in sequences]
-    del embed
-    for layer in range(cfg.num_hidden_layers):
-        w = layer_weights(ckpt, layer, dtype, device)
-        hs = [decoder_layer(h, w, cfg, layer) for h in hs]
-    final = FINAL_NORM_OFFSET + ckpt.get("model.norm.weight").to(device=device, dtype=dtype)
-    head_name = "model.embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight"
-    head = ckpt.get(head_name)[:V].to(device=device, dtype=dtype)
-    return [(ops.rms_norm(h, final, cfg.rms_norm_eps) @ head.T).float().cpu() for h in hs]
+    return plamo_reference_logits(ckpt, sequences, dtype, device, lambda h, w, i: decoder_layer(h, w, cfg, i))

@@ -34,7 +34,8 @@ from ..layout import (
     vllm_scale_buffers,
     vocab_pieces,
 )
-from .config import FINAL_NORM_OFFSET, NORM_OFFSETS, Plamo2Config
+from ..plamo import FINAL_NORM_OFFSET, NORM_OFFSETS
+from .config import Plamo2Config
 
 MAMBA, ATTENTION = "mamba", "attention"  # the layer kinds (Plamo2Config.layer_kinds)
 
@@ -144,6 +145,14 @@ TENSORS: tuple[TensorKind, ...] = (
 )
 # fmt: on
 VLLM_EXTRAS = vllm_scale_buffers(ATTENTION)
+# FP8 exports (export/fp8.py).  vLLM 0.26's Plamo2ForCausalLM builds seven linears with its quant_config: the
+# attention and MLP ones and the Mamba in_proj, bcdt_proj, dt_proj, out_proj (not conv1d).  Quantizing Mamba's
+# out_proj (llama.cpp's ssm_out) is what breaks PLaMo 2 (a Q8_0 ssm_out loops: llama.cpp#24501; PFN keeps it in F16),
+# and bcdt_proj / dt_proj feed the SSM's B, C and time step (PFN's MLX "mixed" recipe keeps both unquantized), so
+# those three stay in the source dtype and are listed in the checkpoint's `ignore`.
+FP8_QUANTIZED = ("mixer.qkv_proj.weight", "mixer.o_proj.weight", "mlp.gate_up_proj.weight", "mlp.down_proj.weight",
+                 "mixer.in_proj.weight")  # fmt: skip
+FP8_KEPT = ("mixer.bcdt_proj.weight", "mixer.dt_proj.weight", "mixer.out_proj.weight")
 
 
 # ---- checking a split ---------------------------------------------------------------------------

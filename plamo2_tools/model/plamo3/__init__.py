@@ -5,8 +5,9 @@ reference forward (`reference.py`) and rank forward (`layers.py`) load only when
 
 The sliding window is a real difference between implementations: PFN's HF modeling code lets a
 query see itself and the W keys before it, vLLM (and llama.cpp, PFN's SGLang port) W keys in all.
-`window_convention` ("hf", the default, or "vllm") selects one, for the reference and the runtime
-alike, so a user can reproduce either's numbers exactly.
+The runtime option `window_convention` ("hf", the default, or "vllm"; `--option
+window_convention=vllm`) selects one, for the reference and the runtime alike, so a user can
+reproduce either's numbers exactly.
 """
 
 from __future__ import annotations
@@ -15,14 +16,20 @@ from collections.abc import Sequence
 from typing import Any
 
 from ...parallel import Mapping
-from ..family import Family, Variant
+from ..family import Family, RuntimeOption, Variant
 from ..layout import block, layer_of
+from ..plamo import FINAL_NORM_OFFSET, NORM_OFFSETS
 from . import tensors as table
-from .config import FINAL_NORM_OFFSET, FULL, NORM_OFFSETS, QK_NORM_OFFSET, Plamo3Config
+from .config import FULL, QK_NORM_OFFSET, Plamo3Config
 from .gguf import GGUF
 from .presets import PRESETS, TINY_PRESETS
 
-WINDOW_CONVENTIONS = ("hf", "vllm")
+WINDOW_CONVENTION = RuntimeOption(
+    "window_convention",
+    ("hf", "vllm"),
+    "how many keys a sliding-window layer sees, hf (the query and W before it, PFN's modeling code) "
+    "or vllm (W in all, as vLLM and llama.cpp)",
+)
 
 
 class Plamo3Family(Family):
@@ -34,9 +41,12 @@ class Plamo3Family(Family):
     tensors = table.TENSORS
     extras = table.VLLM_EXTRAS
     gguf = GGUF
+    fp8_quantized = table.FP8_QUANTIZED
     presets = PRESETS
     tiny_presets = TINY_PRESETS
     kind_names = {FULL: "full attention", "sliding_attention": "sliding-window attention"}
+    runtime_options = (WINDOW_CONVENTION,)
+    tokenizer_flavour = "plamo3"
 
     def variant(self, cfg: Plamo3Config) -> Variant:
         yarn = cfg.rope_full.is_yarn
@@ -114,8 +124,10 @@ class Plamo3Family(Family):
             return QK_NORM_OFFSET
         return NORM_OFFSETS.get(rest, FINAL_NORM_OFFSET)
 
-    def runtime_options(self) -> dict[str, tuple[Any, ...]]:
-        return {"window_convention": WINDOW_CONVENTIONS}
+    def mlx_layout(self) -> Any:
+        from .mlx import LAYOUT
+
+        return LAYOUT
 
     def reference_logits(self, ckpt: Any, sequences: Sequence[Sequence[int]], dtype: Any, device: Any = "cpu",
                          window_convention: str = "hf", **options: Any) -> Any:  # fmt: skip

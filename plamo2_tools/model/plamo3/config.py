@@ -16,6 +16,8 @@ from typing import Any
 
 from ...errors import ConfigError
 from ..layout import padded_vocab
+from ..limits import int_problem, shown_int, token_ids
+from ..plamo import PlamoConfig, model_type_of
 
 MODEL_TYPES = ("plamo3",)
 FULL, SLIDING = "full_attention", "sliding_attention"  # the layer kinds (transformers v5's names)
@@ -52,15 +54,9 @@ LEGACY = {"rope_global_theta": "rope_theta", "rope_local_base_freq": "rope_local
 # YaRN's constants as PFN's config writes them (beta_fast 32, beta_slow 1, truncate false).
 YARN_BETA_FAST, YARN_BETA_SLOW = 32.0, 1.0
 
-# Norm offsets folded into the stored deltas (docs/plamo3.md, "Tensors").
-NORM_OFFSETS = {
-    "pre_mixer_norm": 1.0,
-    "post_mixer_norm": 1.0 / 5,
-    "pre_mlp_norm": 1.0,
-    "post_mlp_norm": 1.0 / 5**1.5,
-}
+# Norm offsets folded into the stored deltas (docs/plamo3.md, "Tensors"): PLaMo's four norms and
+# the final one as PLaMo 2 (model/plamo.py), and the q/k norms.
 QK_NORM_OFFSET = 1.0
-FINAL_NORM_OFFSET = 1.0
 
 
 @dataclass(frozen=True)
@@ -85,7 +81,7 @@ class Rope:
 
 
 @dataclass(frozen=True)
-class Plamo3Config:
+class Plamo3Config(PlamoConfig):
     hidden_size: int
     num_hidden_layers: int
     num_attention_heads: int
@@ -112,11 +108,6 @@ class Plamo3Config:
 
     # ---- derived values -------------------------------------------------------------------------
     @property
-    def padded_vocab(self) -> int:
-        """ceil(V / 64) * 64, vLLM's VocabParallelEmbedding padding."""
-        return padded_vocab(self.vocab_size)
-
-    @property
     def lm_head_rows(self) -> int:
         """vLLM's ParallelLMHead(round16(V), org_num_embeddings=V): its padded rows, over all ranks
         (the original rows padded to 64, plus the round-up-to-16 rows, padded to 64 again)."""
@@ -139,20 +130,10 @@ class Plamo3Config:
     def rope(self, layer: int) -> Rope:
         return self.rope_full if self.is_full(layer) else self.rope_sliding
 
-    @property
-    def eos_token_ids(self) -> tuple[int, ...]:
-        if self.eos_token_id is None:
-            return ()
-        if isinstance(self.eos_token_id, int):
-            return (self.eos_token_id,)
-        return tuple(self.eos_token_id)
-
     # ---- I/O ---------------------------------------------------------------------------------------
     @classmethod
     def from_dict(cls, raw: dict[str, Any], source: str = "config.json") -> Plamo3Config:
-        model_type = raw.get("model_type", "plamo3")
-        if model_type not in MODEL_TYPES:
-            raise ConfigError(f"{source}: model_type is {model_type!r}, expected 'plamo3'")
+        model_type = model_type_of(raw, MODEL_TYPES, source, "PLaMo 3")
         raw = dict(raw)
         for old, new in LEGACY.items():
             if old in raw and raw.get(new) is None:
@@ -162,14 +143,19 @@ class Plamo3Config:
             value = raw.get(key, default)
             values[key] = default if value is None and not key.endswith("_token_id") else value
         values["window_size"] = _window(raw, values["window_size"], source)
-        for key in INT_KEYS:
+        for key in INT_KEYS:  # bounded before anything is built per layer (_layer_types)
             values[key] = _int(values[key], source, key)
+            problem = int_problem(key, values[key])
+            if problem:
+                raise ConfigError(f"{source}: {key} = {shown_int(values[key])}: {problem}")
         for key in ("rms_norm_eps", "rope_theta", "rope_local_theta", "rope_scaling_factor"):
             values[key] = _float(values[key], source, key)
         for key in ("tie_word_embeddings", "scale_embedding"):
             values[key] = _bool(values[key], source, key)
         if values["initial_context_length"] is not None:
             values["initial_context_length"] = _int(values["initial_context_length"], source, "initial_context_length")
+        for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
+            values[key] = token_ids(values[key], source, key, many=key == "eos_token_id")
         layer_types = _layer_types(raw, values["num_hidden_layers"], values["sliding_window_pattern"], source)
         full, sliding, v5 = _ropes(raw, values, source)
         known = set(DEFAULTS) | set(LEGACY) | {"model_type", "layer_types", "rope_parameters", "rope_scaling",
@@ -223,11 +209,12 @@ class Plamo3Config:
 
     def _validate(self, source: str) -> None:
         def fail(key: str, value: Any, why: str) -> None:
-            raise ConfigError(f"{source}: {key} = {value!r}: {why}")
+            raise ConfigError(f"{source}: {key} = {shown_int(value)!r}: {why}")
 
         for key in INT_KEYS:
-            if getattr(self, key) <= 0:
-                fail(key, getattr(self, key), "must be a positive integer")
+            problem = int_problem(key, getattr(self, key))
+            if problem:
+                fail(key, getattr(self, key), problem)
         H, K = self.num_attention_heads, self.num_key_value_heads
         if H % K:
             fail("num_key_value_heads", K, f"must divide num_attention_heads = {H}")
@@ -240,9 +227,34 @@ class Plamo3Config:
                 fail(f"RoPE theta of the {name} layers", rope.theta, "must be > 0")
             if rope.yarn_factor <= 0:
                 fail(f"rope scaling factor of the {name} layers", rope.yarn_factor, "must be > 0")
-            if rope.is_yarn and not rope.original_max_positions:
-                fail("initial_context_length", rope.original_max_positions,
-                     "must be set when rope_scaling_factor != 1 (YaRN needs the original context)")  # fmt: skip
+            if rope.is_yarn:
+                _check_yarn(rope, name, fail)
+
+
+def _check_yarn(rope: Rope, name: str, fail: Any) -> None:
+    """YaRN's values as every run computes with them (rope.py, vLLM's YaRNScalingRotaryEmbedding):
+    refused here, by convert and check, instead of crashing every run (issue 28)."""
+    orig = rope.original_max_positions
+    if orig is None:
+        fail(
+            "initial_context_length",
+            None,
+            "must be set when rope_scaling_factor != 1 (YaRN needs the original context)",
+        )
+    elif int_problem("original_max_position_embeddings", orig):
+        fail(f"YaRN's original_max_position_embeddings of the {name} layers", orig,
+             int_problem("original_max_position_embeddings", orig))  # fmt: skip
+    if not rope.beta_slow > 0:
+        fail(f"beta_slow of the {name} layers", rope.beta_slow, "must be > 0")
+    if not rope.beta_fast > rope.beta_slow:
+        why = f"must be > beta_slow = {rope.beta_slow} (YaRN ramps from the fast rotation count to the slow one)"
+        fail(f"beta_fast of the {name} layers", rope.beta_fast, why)
+    if not rope.theta > 1:
+        fail(
+            f"RoPE theta of the {name} layers",
+            rope.theta,
+            "must be > 1 with YaRN (its correction divides by log theta)",
+        )
 
 
 # ---- reading the two forms ------------------------------------------------------------------------
@@ -278,12 +290,19 @@ def _ropes(raw: dict[str, Any], values: dict[str, Any], source: str) -> tuple[Ro
     """(full-attention RoPE, sliding RoPE, came in v5 form).  v5: `rope_parameters` keyed by layer
     type; v4: `rope_theta` (+ YaRN from `rope_scaling_factor`) on the full layers and
     `rope_local_theta` on the sliding ones (vLLM's two branches give the same model)."""
-    params = raw.get("rope_parameters")
+    params, scaling = raw.get("rope_parameters"), raw.get("rope_scaling")
+    for key, value in (("rope_parameters", params), ("rope_scaling", scaling)):
+        if value is not None and not isinstance(value, dict):  # was silently ignored: a run without YaRN
+            raise ConfigError(f"{source}: {key} = {json.dumps(value)[:60]}: must be an object (or null)")
     if isinstance(params, dict) and (FULL in params or SLIDING in params):
+        odd = sorted(set(params) - {FULL, SLIDING})
+        if odd:
+            raise ConfigError(f"{source}: rope_parameters has {odd[0]!r} beside the layer types {FULL!r} and "
+                              f"{SLIDING!r}: one form or the other")  # fmt: skip
         full = _rope_of(params.get(FULL), values["rope_theta"], source, FULL)
         sliding = _rope_of(params.get(SLIDING), values["rope_local_theta"], source, SLIDING)
         return full, sliding, True
-    flat = params if isinstance(params, dict) else raw.get("rope_scaling")
+    flat = params if isinstance(params, dict) else scaling
     if isinstance(flat, dict) and flat:  # one RoPE dict (transformers' standardised form): the full layers'
         return _rope_of(flat, values["rope_theta"], source, FULL), Rope(values["rope_local_theta"]), False
     factor = values["rope_scaling_factor"]
@@ -297,6 +316,8 @@ def _rope_of(entry: Any, default_theta: float, source: str, what: str) -> Rope:
     if not isinstance(entry, dict):
         raise ConfigError(f"{source}: rope_parameters[{what!r}] must be an object")
     kind = entry.get("rope_type", "default")
+    if not isinstance(kind, str):
+        raise ConfigError(f"{source}: rope_parameters[{what!r}].rope_type = {json.dumps(kind)[:40]}: must be a string")
     theta = _float(entry.get("rope_theta", default_theta), source, f"rope_parameters[{what!r}].rope_theta")
     if kind == "default":
         return Rope(theta)

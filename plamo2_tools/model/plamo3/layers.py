@@ -14,12 +14,9 @@ import torch
 from ..forward import (
     Batch,
     Comm,
-    LayerState,
-    PlamoLayer,
+    KVCache,
     RankModel,
-    kv_state,
-    layer_weights,
-    mixer_weights,
+    plamo_layers,
     rope_cos_sin,
 )
 from .config import Plamo3Config
@@ -43,10 +40,10 @@ class AttentionMixer:
         self.rope_kind = cfg.layer_types[layer]
         self.scale = cfg.head_dim**-0.5
 
-    def new_state(self, batch: int, capacity: int, dtype: torch.dtype, device: torch.device) -> LayerState:
-        return kv_state(batch, capacity, self.kv_heads, self.cfg.head_dim, dtype, device)
+    def new_state(self, batch: int, capacity: int, dtype: torch.dtype, device: torch.device) -> KVCache:
+        return KVCache.zeros(batch, capacity, self.kv_heads, self.cfg.head_dim, dtype, device)
 
-    def __call__(self, a: Tensor, batch: Batch, state: LayerState, context: dict[Any, Any]) -> Tensor:
+    def __call__(self, a: Tensor, batch: Batch, state: KVCache, context: dict[Any, Any]) -> Tensor:
         T, d, ops = a.shape[0], self.cfg.head_dim, self.ops
         q = ops.qk_norm_rope(
             ops.linear(a, self.qkv_proj), self.q_norm, self.k_norm, self.cfg.rms_norm_eps, *context[self.rope_kind],
@@ -83,15 +80,12 @@ class Plamo3RankModel(RankModel):
 
 
 def build_rank_model(family: Any, cfg: Plamo3Config, stage: tuple[int, int], weights: dict[str, Tensor], ops: Any,
-                     comm: Comm, dtype: torch.dtype | None = None, window_convention: str = "hf",
-                     **options: Any) -> Plamo3RankModel:  # fmt: skip
-    info = comm.info
-    sizes = family.rank_sizes(cfg, info.tp, info.tp_rank)
-    layers = []
-    for i in range(*stage):
-        w = layer_weights(weights, family.layer_prefix.format(i))
-        mixer = AttentionMixer(cfg, mixer_weights(w), sizes, i, ops, comm, window_convention)
-        layers.append(PlamoLayer(i, mixer, w, cfg.rms_norm_eps, ops, comm))
+                     comm: Comm, dtype: torch.dtype | None = None,
+                     window_convention: str = "hf") -> Plamo3RankModel:  # fmt: skip
+    def mixer(i: int, w: dict[str, Tensor], sizes: RankSizes) -> AttentionMixer:
+        return AttentionMixer(cfg, w, sizes, i, ops, comm, window_convention)
+
+    layers, sizes = plamo_layers(family, cfg, stage, weights, ops, comm, mixer)
     if "lm_head.weight" in weights and not cfg.tie_word_embeddings:
         # vLLM's untied head holds extra rows after each rank's vocabulary block (zeros, never
         # loaded); the logits of this rank are its first vocab_rows.

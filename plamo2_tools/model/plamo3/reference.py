@@ -11,9 +11,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ...errors import UserError
 from .. import reference_ops as ops
-from .config import FINAL_NORM_OFFSET, NORM_OFFSETS, QK_NORM_OFFSET, Plamo3Config
+from ..plamo import NORM_OFFSETS
+from ..plamo_reference import reference_logits as plamo_reference_logits
+from .config import QK_NORM_OFFSET, Plamo3Config
 from .rope import inv_freq
 
 
@@ -64,22 +65,7 @@ def reference_logits(
 ) -> list[torch.Tensor]:
     """float32 CPU logits (T_i, V) for each token sequence, computed in `dtype` on `device`."""
     cfg: Plamo3Config = ckpt.config
-    V = cfg.vocab_size
-    for seq in sequences:
-        bad = [t for t in seq if not 0 <= t < V]
-        if bad:
-            raise UserError(f"token id(s) {bad[:5]} outside the vocabulary [0, {V})")
-    embed = ckpt.get("model.embed_tokens.weight")
-    hs = [embed[torch.as_tensor(list(seq), dtype=torch.long)].to(device=device, dtype=dtype) for seq in sequences]
-    if cfg.scale_embedding:  # PFN's ports scale by sqrt(D) when the config says so (vLLM 0.26 ignores the key)
-        hs = [h * cfg.hidden_size**0.5 for h in hs]
-    del embed
-    for layer in range(cfg.num_hidden_layers):
-        prefix = f"model.layers.layers.{layer}."
-        w = {n.removeprefix(prefix): ckpt.get(n).to(device=device, dtype=dtype) for n in ckpt.tensors
-             if n.startswith(prefix)}  # fmt: skip
-        hs = [decoder_layer(h, w, cfg, layer, window_convention) for h in hs]
-    final = FINAL_NORM_OFFSET + ckpt.get("model.norm.weight").to(device=device, dtype=dtype)
-    head_name = "model.embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight"
-    head = ckpt.get(head_name)[:V].to(device=device, dtype=dtype)
-    return [(ops.rms_norm(h, final, cfg.rms_norm_eps) @ head.T).float().cpu() for h in hs]
+    # PFN's ports scale the embeddings by sqrt(D) when the config says so (vLLM 0.26 ignores the key).
+    scale = cfg.hidden_size**0.5 if cfg.scale_embedding else None
+    layer = lambda h, w, i: decoder_layer(h, w, cfg, i, window_convention)  # noqa: E731
+    return plamo_reference_logits(ckpt, sequences, dtype, device, layer, scale)

@@ -37,7 +37,8 @@ from ..layout import (
     vllm_scale_buffers,
     vocab_pieces,
 )
-from .config import FINAL_NORM_OFFSET, NORM_OFFSETS, QK_NORM_OFFSET, Plamo3Config
+from ..plamo import FINAL_NORM_OFFSET, NORM_OFFSETS
+from .config import QK_NORM_OFFSET, Plamo3Config
 
 
 def _qkv(name: str, c: Plamo3Config, tp: int, r: int) -> tuple[Piece, ...]:
@@ -118,6 +119,9 @@ TENSORS: tuple[TensorKind, ...] = (
 )
 # fmt: on
 VLLM_EXTRAS = vllm_scale_buffers(EVERY_LAYER)
+# FP8 exports (export/fp8.py): the four linears vLLM's Plamo3ForCausalLM builds with its quant_config
+# (plamo3.py: qkv_proj, o_proj, gate_up_proj, down_proj); the embedding, the head and every norm stay as they are.
+FP8_QUANTIZED = ("mixer.qkv_proj.weight", "mixer.o_proj.weight", "mlp.gate_up_proj.weight", "mlp.down_proj.weight")
 
 
 def tp_problems(cfg: Plamo3Config, tp: int) -> list[str]:

@@ -16,6 +16,7 @@ import datetime
 import os
 import queue
 import threading
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -51,6 +52,52 @@ def init_distributed(device: str) -> tuple[int, int, torch.device]:
             kwargs["device_id"] = dev
         dist.init_process_group(**kwargs)
     return rank, world, dev
+
+
+MODES = ("local", "dist")
+
+
+def process_mode(mode: str = "auto") -> str:
+    """Which ranks this process runs: "dist", its one rank of the torchrun world it was started in,
+    or "local", every rank as a thread of its own; "auto" is "dist" exactly under torchrun.  (The
+    other choice, to start fresh torchrun ranks, is `runtime/process/jobs.py:run_job`'s.)"""
+    if mode == "auto":
+        return "dist" if int(os.environ.get("WORLD_SIZE", "1")) > 1 else "local"
+    if mode not in MODES:
+        raise ValueError(f"mode must be auto, local or dist, not {mode!r}")
+    return mode
+
+
+@dataclass
+class ProcessRanks:
+    """The ranks of a TP x PP world this process runs: their collectives and device."""
+
+    mode: str  # "local" or "dist" (process_mode)
+    rank: int  # this process's rank in the world (0 for thread ranks)
+    comms: list[Any]  # one per rank this process runs: LocalComm threads or its one DistComm
+    device: torch.device
+    world: LocalWorld | None = None  # the thread ranks' shared state (abort on failure)
+
+    @staticmethod
+    def own(mode: str, world_size: int) -> list[int]:
+        """The ranks (of `world_size`) whose files this process loads, known before joining the world."""
+        return [int(os.environ.get("RANK", "0"))] if mode == "dist" else list(range(world_size))
+
+
+def open_ranks(mode: str, tp: int, pp: int, device: str, name: str = "the shards") -> ProcessRanks:
+    """Join the torchrun world ("dist"), or set up every rank as a thread on `device` ("local");
+    `name` (the shard directory) is what a refusal names."""
+    if mode == "dist":
+        rank, world, local_device = init_distributed(device)
+        if world != tp * pp:
+            raise UserError(f"{name} has {tp * pp} ranks (tp={tp} pp={pp}) but torchrun started {world}")
+        return ProcessRanks(mode, rank, [DistComm(RankInfo(rank, tp, pp))], local_device)
+    threads = LocalWorld(tp, pp)
+    dev = torch.device(device)
+    if dev.type == "cpu" and tp * pp > 1:
+        # Every rank thread would otherwise use the whole intra-op pool: oversubscription.
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // (tp * pp)))
+    return ProcessRanks(mode, 0, [LocalComm(threads, r) for r in range(tp * pp)], dev, threads)
 
 
 def shutdown_distributed() -> None:

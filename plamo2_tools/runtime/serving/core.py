@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from ...model.forward import Batch, Comm, LayerState, RankModel
+from ...model.forward import Batch, Comm, MixerState, RankModel
 
 Tensor = torch.Tensor
 DEFAULT_PREFILL_TOKENS = 32768
@@ -76,7 +76,7 @@ class RankCore:
               logits_index: Sequence[int] | None) -> Batch:  # fmt: skip
         return make_batch(chunks, starts, decode, logits_index, self.device)
 
-    def new_states(self, batch: int, capacity: int) -> dict[int, LayerState]:
+    def new_states(self, batch: int, capacity: int) -> dict[int, MixerState]:
         return self.model.new_states(batch, capacity)
 
     def share(self, x: Tensor | None, shape: tuple[int, ...], dtype: torch.dtype) -> Tensor:

@@ -10,7 +10,6 @@ tokens, so all ranks walk the same loop in lock-step and any rank can return the
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from collections.abc import Callable, Sequence
 from contextlib import contextmanager
@@ -24,11 +23,11 @@ import torch.distributed as dist
 from ...errors import UserError
 from ...kernels import get_ops
 from ...model import family_of
-from ...model.forward import Comm, LayerState
-from ...parallel import RankInfo
+from ...model.forward import Comm, MixerState
 from ...shards.integrity import verify_shard_files
 from ...shards.manifest import Manifest, load_manifest
-from ..rank.comm import DistComm, LocalComm, LocalWorld, init_distributed, shutdown_distributed
+from ...token_ids import check_token_ids
+from ..rank.comm import DistComm, ProcessRanks, open_ranks, process_mode, shutdown_distributed
 from ..rank.weights import load_rank_weights
 from .core import RankCore
 from .generation import GenerateOptions, GenerationLoop, Intake, LoopStats, OnUpdates, make_requests
@@ -95,7 +94,7 @@ class RankEngine(RankCore):
         # builds its engine at the same point).
         self.control = dist.new_group(backend="gloo") if isinstance(comm, DistComm) and info.world_size > 1 else None
 
-    def _prefill(self, seqs: Sequence[Sequence[int]], states: dict[int, LayerState], all_logits: bool) -> Tensor | None:
+    def _prefill(self, seqs: Sequence[Sequence[int]], states: dict[int, MixerState], all_logits: bool) -> Tensor | None:
         """Run the prompts in chunks of at most `prefill_chunk` tokens per sequence.
 
         Returns, on the last stage, float32 logits of every prompt token (packed) or of the last
@@ -348,52 +347,17 @@ class Runtime:
         self.config = self.manifest.config
         self.path = Path(shards)
         mapping = self.manifest.mapping
-        self.mode = ("dist" if int(os.environ.get("WORLD_SIZE", "1")) > 1 else "local") if mode == "auto" else mode
+        self.mode = process_mode(mode)
         self._tokenizer: Any = None
         # The files this process loads, against the manifest, before any is used (shards/integrity.py).
-        own = [int(os.environ.get("RANK", "0"))] if self.mode == "dist" else range(mapping.world_size)
-        verify_shard_files(self.manifest, own, digests=verify_files)
-        if self.mode == "dist":
-            rank, world, local_device = init_distributed(device)
-            if world != mapping.world_size:
-                raise UserError(
-                    f"{shards} has {mapping.world_size} ranks (tp={mapping.tp} pp={mapping.pp}) "
-                    f"but torchrun started {world}"
-                )
-            self.rank = rank
-            comm = DistComm(RankInfo(rank, mapping.tp, mapping.pp))
-            self.engines = [
-                RankEngine(
-                    self.manifest,
-                    comm,
-                    local_device,
-                    backend,
-                    prefill_chunk,
-                    cuda_graph,
-                    prefill_tokens,
-                    self.forward_options,
-                )  # fmt: skip
-            ]
-        else:
-            self.rank = 0
-            self.world = LocalWorld(mapping.tp, mapping.pp)
-            dev = torch.device(device)
-            if dev.type == "cpu" and mapping.world_size > 1:
-                # Every rank thread would otherwise use the whole intra-op pool: oversubscription.
-                torch.set_num_threads(max(1, (os.cpu_count() or 1) // mapping.world_size))
-            self.engines = [
-                RankEngine(
-                    self.manifest,
-                    LocalComm(self.world, r),
-                    dev,
-                    backend,
-                    prefill_chunk,
-                    cuda_graph,
-                    prefill_tokens,
-                    self.forward_options,
-                )  # fmt: skip
-                for r in range(mapping.world_size)
-            ]
+        verify_shard_files(self.manifest, ProcessRanks.own(self.mode, mapping.world_size), digests=verify_files)
+        ranks = open_ranks(self.mode, mapping.tp, mapping.pp, device, str(shards))
+        self.rank, self.world = ranks.rank, ranks.world
+        self.engines = [
+            RankEngine(self.manifest, comm, ranks.device, backend, prefill_chunk, cuda_graph, prefill_tokens,
+                       self.forward_options)
+            for comm in ranks.comms
+        ]  # fmt: skip
 
     @property
     def dtype(self) -> torch.dtype:
@@ -504,12 +468,9 @@ class Runtime:
             raise UserError(f"{what} cannot run while an online loop serves this runtime (stop it first)")
 
     def _check(self, seqs: Sequence[Sequence[int]]) -> None:
-        V = self.config.vocab_size
         if not seqs or any(len(s) == 0 for s in seqs):
             raise UserError("every sequence needs at least one token")
-        bad = sorted({t for s in seqs for t in s if not 0 <= t < V})
-        if bad:
-            raise UserError(f"token id(s) {bad[:5]} outside the vocabulary [0, {V})")
+        check_token_ids(seqs, self.config.vocab_size)
 
     @property
     def tokenizer(self) -> Any:
@@ -530,11 +491,13 @@ class Runtime:
 
 
 def load_tokenizer(path: str | Path, trust_remote_code: bool = False) -> Any:
-    """The directory's tokenizer: PLaMo's tokenizer.jsonl natively unless trust_remote_code asks for
-    the checkpoint's own code, else AutoTokenizer (see plamo2_tools.tokenizer.load_tokenizer)."""
+    """The directory's tokenizer: PLaMo's tokenizer.jsonl natively (in the flavour its model family
+    declares where its tokenizer config names none) unless trust_remote_code asks for the
+    checkpoint's own code, else AutoTokenizer (see plamo2_tools.tokenizer.load_tokenizer)."""
+    from ...model.registry import tokenizer_flavour
     from ...tokenizer import load_tokenizer as load
 
-    return load(path, trust_remote_code=trust_remote_code)
+    return load(path, trust_remote_code=trust_remote_code, flavour=tokenizer_flavour(path))
 
 
 @contextmanager

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 
 import torch
 
-from ...model.forward import Batch, LayerState
+from ...model.forward import Batch, MixerState
 from ..rank.comm import DistComm
 from .core import RankCore
 from .sampling import MODES, select_rows
@@ -164,7 +164,7 @@ class DecodeRunner:
     def admit(
         self,
         slots: list[int],
-        states: dict[int, LayerState],
+        states: dict[int, MixerState],
         first: Tensor,
         lengths: list[int],
         keys: list[int],

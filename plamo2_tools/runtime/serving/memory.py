@@ -1,7 +1,8 @@
 """How many sequences fit: the memory behind `max_batch="auto"` (and `eval --batch-size auto`).
 
-A decode slot of `capacity` tokens holds, on each rank, its layers' state: the Mamba conv and SSM
-state (fixed size) and the attention KV cache (per token).  A sequence being prefilled holds a
+A decode slot of `capacity` tokens holds, on each rank, its layers' states, each a
+`model.forward.MixerState` that counts its own bytes: a fixed part (e.g. PLaMo 2's Mamba conv and SSM
+state) and a part per token (an attention KV cache).  A sequence being prefilled holds a
 second copy of the fixed part (prefill groups run on states of their own, `generation`), and the
 last stage holds a row of decode logits plus the sampler's (rows, vocab) temporaries.  Held once:
 the activations of one prefill forward of `prefill_tokens` tokens and its group's KV.  So
@@ -52,10 +53,6 @@ class BatchPlan:
                 "fixed_bytes": self.fixed_bytes, "budget_bytes": self.budget_bytes, "limit": self.limit}  # fmt: skip
 
 
-def _nbytes(t: torch.Tensor | None) -> int:
-    return 0 if t is None else t.numel() * t.element_size()
-
-
 def activation_bytes_per_token(engine: Any) -> int:
     """A generous bound on one prefill token's live activations on this rank: the hidden and
     residual streams and the widest projections' outputs, counted in fp32."""
@@ -69,9 +66,9 @@ def activation_bytes_per_token(engine: Any) -> int:
 def rank_bytes(engine: Any, capacity: int) -> tuple[int, int]:
     """(bytes per decode slot, bytes held once) on this rank, as the module doc counts them."""
     fixed = per_token = 0
-    for st in engine.new_states(1, 1).values():
-        fixed += _nbytes(st.conv) + _nbytes(st.ssm)
-        per_token += _nbytes(st.k) + _nbytes(st.v)
+    for st in engine.new_states(1, 1).values():  # each mixer's state counts its own bytes
+        f, t = st.bytes_per_sequence()
+        fixed, per_token = fixed + f, per_token + t
     per_slot = 2 * fixed + per_token * capacity
     if engine.comm.info.is_last_stage:
         per_slot += 4 * 4 * int(engine.cfg.vocab_size)
@@ -84,7 +81,7 @@ def runner_bytes(runner: Any) -> int:
     """Memory a slot pool holds (its states)."""
     if runner is None:
         return 0
-    return sum(_nbytes(t) for st in runner.states.values() for t in (st.conv, st.ssm, st.k, st.v))
+    return sum(st.nbytes for st in runner.states.values())
 
 
 def device_budget(device: torch.device, runners: Any = ()) -> int:

@@ -3,7 +3,7 @@
 
     loop = OnlineLoop(runtime, max_batch="auto", max_context=4096)
     loop.start()
-    handle = loop.submit(OnlineRequest("r1", prompt_ids, max_tokens=64, temperature=0.7, stop=("\\n\\n",)))
+    handle = loop.submit(GenerationRequest("r1", prompt_ids, max_tokens=64, temperature=0.7, stop=("\\n\\n",)))
     for event in handle:            # or on_event= / on_batch= callbacks, called on the loop's thread
         ...                         # event.token_ids, event.finished, event.finish_reason, event.stop_reason
     loop.cancel("r1")               # frees the slot at the loop's next iteration
@@ -32,12 +32,13 @@ import queue
 import random
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 import torch.distributed as dist
 
 from ...errors import UserError
+from ...generation_request import GenerationRequest
 from .engine import RankEngine, Runtime, TokenScores
 from .generation import GenerationLoop, LoopStats
 from .memory import BatchPlan
@@ -51,22 +52,6 @@ HEARTBEAT_S = 1.0
 
 
 # ---- what crosses the API ------------------------------------------------------------------------
-@dataclass(frozen=True)
-class OnlineRequest:
-    """One sequence to generate (the fields of engine_api.GenerationRequest the loop needs)."""
-
-    request_id: str  # unique among live requests
-    prompt: tuple[int, ...]  # token ids, BOS included if wanted
-    max_tokens: int
-    temperature: float = 1.0  # <= 0: greedy
-    top_p: float = 1.0
-    seed: int | None = None  # None: a random seed (rank 0 picks it, every rank uses it)
-    stream: int = 0  # the choice index: choices of one seed draw different tokens
-    stop: tuple[str, ...] = ()  # stop strings, matched against the generated text
-    prompt_logprobs: int | None = None  # k >= 0: logprobs of every prompt token with k alternatives
-    ignore_eos: bool = False  # True: the checkpoint's EOS ids do not end it (benchmarks; vLLM's extension)
-
-
 @dataclass(frozen=True)
 class PromptLogprobs:
     """Per prompt position p >= 1: log p(prompt[p] | prompt[:p]) and the top-k (id, logprob) pairs
@@ -98,7 +83,7 @@ class OnlineStats:
 class RequestHandle:
     """A submitted request: its events in a queue (iterate it), its tokens so far, and `result()`."""
 
-    def __init__(self, request: OnlineRequest, on_event: Callable[[Event], None] | None) -> None:
+    def __init__(self, request: GenerationRequest, on_event: Callable[[Event], None] | None) -> None:
         self.request, self.on_event = request, on_event
         self.events: queue.Queue[Event] = queue.Queue()
         self.tokens: list[int] = []
@@ -137,7 +122,7 @@ class RequestHandle:
 # ---- commands: what rank 0 hands every rank ------------------------------------------------------
 @dataclass
 class Submit:
-    request: OnlineRequest
+    request: GenerationRequest
     index: int  # the loop's id for it, the same on every rank
     seed: int
     watcher: Any = field(default=None, compare=False)  # built once per process (thread ranks share it)
@@ -267,7 +252,7 @@ class RankIntake:
                 self.host._refuse(req.request_id, "the loop is stopping")
             return
         if req.prompt_logprobs is not None:
-            scores = self.engine.token_scores([list(req.prompt)], [1], req.prompt_logprobs)[0]
+            scores = self.engine.token_scores([list(req.prompt_token_ids)], [1], req.prompt_logprobs)[0]
             if self.rank == 0:
                 self.host._prompt_logprobs(req.request_id, scores)
         stop = None
@@ -276,8 +261,9 @@ class RankIntake:
                 cmd.watcher = StopStringWatcher(self.host.decode, req.stop)
             stop = cmd.watcher
         t, p = (float(req.temperature), float(req.top_p)) if req.temperature > 0 else (0.0, 1.0)
-        loop.sched.add([Request(cmd.index, list(req.prompt), int(req.max_tokens), request_key(cmd.seed, req.stream),
-                                temperature=t, top_p=p, stop=stop, tag=req.request_id,
+        key = request_key(cmd.seed, req.stream)
+        loop.sched.add([Request(cmd.index, list(req.prompt_token_ids), int(req.max_tokens), key, temperature=t,
+                                top_p=p, stop=stop, tag=req.request_id,
                                 eos=frozenset() if req.ignore_eos else None)])  # fmt: skip
 
 
@@ -397,21 +383,12 @@ class OnlineLoop:
         self.close(cancel=True)
 
     # ---- requests --------------------------------------------------------------------------------
-    def submit(self, request: OnlineRequest, on_event: Callable[[Event], None] | None = None) -> RequestHandle:
+    def submit(self, request: GenerationRequest, on_event: Callable[[Event], None] | None = None) -> RequestHandle:
         """Queue a request (rank 0 only); its events arrive in the returned handle (and on_event)."""
         if not self.is_main:
             raise UserError("requests go to rank 0's online loop")
-        prompt = tuple(int(t) for t in request.prompt)
-        if not prompt:
-            raise UserError("a request needs at least one prompt token")
-        if request.max_tokens < 1:
-            raise UserError("max_tokens must be >= 1")
-        if len(prompt) + request.max_tokens > self.capacity:
-            raise UserError(f"prompt ({len(prompt)} tokens) + max_tokens ({request.max_tokens}) exceeds the "
-                            f"loop's context of {self.capacity} tokens")  # fmt: skip
-        V = self.runtime.config.vocab_size
-        if any(not 0 <= t < V for t in prompt):
-            raise UserError(f"token ids must be in [0, {V})")
+        prompt = tuple(int(t) for t in request.prompt_token_ids)
+        request.check(self.runtime.config.vocab_size, self.capacity)  # the rule the server applies too
         seed = request.seed if request.seed is not None else random.getrandbits(63)
         with self.lock:
             if self.closed or self.error is not None or not self.alive:
@@ -420,7 +397,7 @@ class OnlineLoop:
                 raise UserError(f"request id {request.request_id!r} is already running")
             handle = RequestHandle(request, on_event)
             self.handles[request.request_id] = handle
-            self.inbox.put(Submit(OnlineRequest(**{**vars(request), "prompt": prompt}), next(self.counter), seed))
+            self.inbox.put(Submit(replace(request, prompt_token_ids=prompt), next(self.counter), seed))
         return handle
 
     def cancel(self, request_id: str) -> None:

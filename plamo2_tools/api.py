@@ -1,0 +1,151 @@
+"""The library API, as `plamo2_tools` exports it (docs/api.md): one thin, documented function per
+thing a script does, each over the module that does it.  Nothing heavy is imported here: each
+function imports its implementation when called, so `from plamo2_tools import convert, check`
+stays free of PyTorch like the commands that only move bytes.
+
+    load(shards)                         -> Runtime (a context manager: `with load(...) as rt:`)
+    generate(rt, prompt | prompts, ...)  -> the continuation's text (a list for a list of prompts)
+    score(rt, context, continuation)     -> Score: log p(continuation | context), greedy or not
+    convert(src, out, tp=, pp=, ...)     -> ConvertResult (convert/engine.py)
+    check(shards)                        -> CheckReport (shards/check.py)
+    verify(shards, reference, ...)       -> the verify result (verify.py; `plamo2-tools verify --json`)
+    eval(shards, gsm8k_dir=, ...)        -> EvalOutcome (eval/harness.py)
+
+`options` everywhere is the model family's runtime options (`--option KEY=VALUE` of the
+commands, e.g. PLaMo 3's ``{"window_convention": "vllm"}``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .convert.engine import ConvertResult
+    from .eval.harness import EvalOutcome
+    from .runtime.serving.engine import Runtime
+    from .shards.check import CheckReport
+
+Prompt = str | Sequence[int]  # text (tokenized with the model's tokenizer, BOS as its config says) or token ids
+
+
+def load(shards: str | Path, device: str = "cpu", backend: str = "auto", options: Mapping[str, str] | None = None,
+         **runtime: Any) -> Runtime:  # fmt: skip
+    """The shard directory loaded and ready to run: every rank as a thread of this process, or
+    this process's own rank when it runs under torchrun.  `runtime` passes further `Runtime`
+    arguments (prefill_chunk, cuda_graph, verify_files, memory_budget, ...).  Close it (or use
+    `with`) to free the model."""
+    from .kernels.devices import check_backend, check_device
+    from .runtime.serving.engine import Runtime
+
+    check_device(device)
+    check_backend(backend, device)
+    return Runtime(shards, device=device, backend=backend, forward_options=dict(options or {}), **runtime)
+
+
+def generate(runtime: Runtime, prompt: Prompt | Sequence[Prompt], max_new_tokens: int = 64, temperature: float = 0.0,
+             top_p: float = 1.0, seed: int = 0, max_batch: int | str = "auto") -> str | list[str]:  # fmt: skip
+    """The text `runtime` continues `prompt` with (greedy at temperature 0), ending at the
+    checkpoint's EOS (not shown) or after `max_new_tokens`; several prompts run together
+    through continuous batching (`max_batch` at once) and give a list."""
+    from .runtime.serving.text import decode_kept_specials, stop_token_ids
+
+    single = isinstance(prompt, str) or (len(prompt) > 0 and isinstance(prompt[0], int))
+    prompts: list[Prompt] = [prompt] if single else list(prompt)  # type: ignore[list-item]
+    tok = runtime.tokenizer
+    ids = [_ids(tok, p, special=True) for p in prompts]
+    eos = stop_token_ids(runtime.path, tok)
+    gen = runtime.generate(ids, max_new_tokens, eos_token_ids=eos, temperature=temperature, top_p=top_p, seed=seed,
+                           max_batch=max_batch)  # fmt: skip
+    decode = decode_kept_specials(tok)
+    texts = [decode(t[:-1] if reason == "stop" and t and t[-1] in eos else t)
+             for t, reason in zip(gen.tokens, gen.finish_reasons, strict=True)]  # fmt: skip
+    return texts[0] if single else texts
+
+
+@dataclass(frozen=True)
+class Score:
+    """log p(continuation | context), summed over its tokens, and whether greedy decoding from the
+    context would have produced exactly the continuation (lm-eval's loglikelihood)."""
+
+    logprob: float
+    greedy: bool
+    tokens: int  # the continuation's tokens
+
+
+def score(runtime: Runtime, context: Prompt, continuation: Prompt) -> Score:
+    """How likely the model finds `continuation` after `context` (a text continuation is
+    tokenized without special tokens, the context with BOS as the tokenizer config says)."""
+    tok = runtime.tokenizer
+    head, tail = _ids(tok, context, special=True), _ids(tok, continuation, special=False)
+    if not head or not tail:
+        from .errors import UserError
+
+        raise UserError("score: the context and the continuation need at least one token each")
+    logprobs, greedy = runtime.score([head + tail], [len(head)])[0]
+    return Score(float(logprobs.sum()), bool(greedy.all()), len(tail))
+
+
+def _ids(tokenizer: Any, prompt: Prompt, special: bool) -> list[int]:
+    if isinstance(prompt, str):
+        return list(tokenizer(prompt, add_special_tokens=special)["input_ids"])
+    return [int(t) for t in prompt]
+
+
+def convert(src: str | Path, out: str | Path, tp: int = 1, pp: int = 1, **kwargs: Any) -> ConvertResult:
+    """An HF checkpoint (or a shard directory of ours: a reshard) as TP x PP shards in `out`;
+    resumes an interrupted run.  `kwargs`: pp_layers, dtype, max_part_size, force, copy, workers,
+    verify_blobs, sync (see `plamo2-tools convert --help`)."""
+    from .convert.engine import convert as run
+
+    return run(src, out, tp, pp, **kwargs)
+
+
+def check(shards: str | Path) -> CheckReport:
+    """Every file of a shard directory against its manifest and the layout its config implies;
+    `.ok` says whether all is well, `.checks` lists the problems."""
+    from .shards.check import check_shards
+
+    return check_shards(shards)
+
+
+def verify(shards: str | Path | Sequence[str | Path], reference: str | Path,
+           prompts: Sequence[Sequence[int]] | None = None, random: int = 4, seed: int = 0, max_new_tokens: int = 32,
+           options: Mapping[str, str] | None = None, **kwargs: Any) -> dict[str, Any]:  # fmt: skip
+    """Converted shards (one directory or several layouts) run against the float reference forward
+    of the checkpoint they came from: logits and greedy tokens, `["passed"]` per the thresholds of
+    docs/convert.md.  Without `prompts`, `random` random prompts from `seed`.  `kwargs`: launch,
+    device, backend, precision, prefill_chunk, reference_device, verify_files."""
+    from .model import load_config
+    from .verify import random_prompts
+    from .verify import verify as run
+
+    dirs = [Path(shards)] if isinstance(shards, (str, Path)) else [Path(s) for s in shards]
+    if prompts is None:
+        cfg = load_config(reference)
+        prompts = random_prompts(random, cfg.vocab_size, seed, cfg.bos_token_id)
+        source = f"random(n={random}, seed={seed})"
+    else:
+        prompts, source = [list(p) for p in prompts], "api"
+    return run(dirs, Path(reference), list(prompts), source, max_new_tokens,  # type: ignore[arg-type]
+               forward_options=dict(options or {}), **kwargs)  # fmt: skip
+
+
+def eval(shards: str | Path, gsm8k_dir: str | Path | None = None, limit: int | float | None = None,  # noqa: A001
+         options: Mapping[str, str] | None = None, launch: bool = False,
+         **kwargs: Any) -> EvalOutcome | None:  # fmt: skip
+    """GSM8K with lm-eval's own task on local data files (`plamo2-tools eval`); `kwargs` are
+    `eval.harness.EvalRequest` fields (num_fewshot, batch_size, output_path, device, backend, ...).
+    None on a torchrun rank other than the first."""
+    from .eval.gsm8k_task import load_gsm8k_data
+    from .eval.harness import EvalRequest, run_eval
+
+    data = load_gsm8k_data(gsm8k_dir, allow_unverified=kwargs.pop("allow_unverified_data", False))
+    request = EvalRequest(shards=str(shards), data=data.to_dict(), limit=limit, forward_options=dict(options or {}),
+                          **kwargs)  # fmt: skip
+    return run_eval(request, launch=launch)
+
+
+__all__ = ["Score", "check", "convert", "eval", "generate", "load", "score", "verify"]
