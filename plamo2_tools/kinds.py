@@ -22,6 +22,7 @@ VERIFY_TARGETS_KIND, VERIFY_TARGETS_SCHEMA_VERSION = "plamo2-verify-targets", 1 
 EVAL_KIND, EVAL_SCHEMA_VERSION = "plamo2-eval", 1  # eval's results.json: eval/harness.py
 EXPORT_MLX_KIND, EXPORT_MLX_SCHEMA_VERSION = "plamo2-export-mlx", 1  # OUT/plamo2_export.json: export/mlx.py
 EXPORT_FP8_KIND, EXPORT_FP8_SCHEMA_VERSION = "plamo2-export", 1  # OUT/plamo2_export.json: export/fp8.py
+EXPORT_GGUF_KIND, EXPORT_GGUF_SCHEMA_VERSION = "plamo2-gguf-export", 1  # OUT.gguf.plamo2-export.json: export/gguf.py
 
 # ---- the benchmark suite (`python -m bench NAME`, docs/benchmarks.md) --------------------------------
 # Every benchmark writes one envelope (bench/common.py: benchmark, machine, commit, command,
@@ -52,3 +53,4 @@ BENCH_FUZZ_KIND, BENCH_FUZZ_SCHEMA_VERSION = "plamo2-bench-fuzz", 1  # bench/fuz
 MUTANTS_KIND, MUTANTS_SCHEMA_VERSION = "plamo2-mutants", 1  # bench/mutants.py
 BENCH_EXPORT_MLX_KIND, BENCH_EXPORT_MLX_SCHEMA_VERSION = "plamo2-bench-export-mlx", 1  # bench/export_mlx.py
 BENCH_EXPORT_FP8_KIND, BENCH_EXPORT_FP8_SCHEMA_VERSION = "plamo2-bench-export", 1  # bench/export_fp8.py
+BENCH_EXPORT_GGUF_KIND, BENCH_EXPORT_GGUF_SCHEMA_VERSION = "plamo2-bench-gguf-export", 1  # bench/gguf_export.py

@@ -35,6 +35,7 @@ import numpy as np
 from ..digest import XXH3_128, new_hash
 from ..errors import EnvironmentLimitError, OutputExistsError, UserError, os_error
 from ..jsonio import CONFIG_BYTES, read_json
+from ..kinds import EXPORT_GGUF_KIND, EXPORT_GGUF_SCHEMA_VERSION
 from ..model.checkpoint import HFCheckpoint
 from ..outputs import check_free_space, ensure_complete
 from ..safe_files import create_fresh, write_error
@@ -52,8 +53,7 @@ from .gguf_plan import (
 )
 from .gguf_plan import tensor_bytes as planned_bytes
 
-GGUF_EXPORT_KIND = "plamo2-gguf-export"
-GGUF_EXPORT_SCHEMA_VERSION = 1
+GGUF_EXPORT_KIND, GGUF_EXPORT_SCHEMA_VERSION = EXPORT_GGUF_KIND, EXPORT_GGUF_SCHEMA_VERSION
 SIDE_SUFFIX = ".plamo2-export.json"
 PARTIAL_SUFFIX = ".partial"
 

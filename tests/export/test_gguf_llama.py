@@ -217,3 +217,29 @@ def test_layer_types_without_a_period_are_written_per_layer(cli, checkpoint, pri
     assert json.loads(r.stdout)["verify"]["verdict"] == "pass"
     flags = gguf.GGUFReader(str(out)).fields["plamo3.attention.sliding_window_pattern"].contents()
     assert flags == [True, True, False, True, False]
+
+
+def test_the_verify_command_judges_our_gguf(cli, checkpoint, tmp_path, one_line_error) -> None:
+    """`plamo2-tools verify FILE.gguf --reference SRC`, the real command: main's dispatch opens the
+    GGUF target, deploy/compare judges it by the thresholds of the file type the GGUF declares.  A
+    PLaMo 3 f32 export passes following vLLM's window convention; the same file with its RoPE base
+    edited fails (exit 1, one line) at position 1, the first that a rotation changes.  The report
+    renders the export's own record.  Seen failing with precision_of answering "quantized" for
+    every file type (the precision assert), and with "gguf" dropped from target.TARGETS (KeyError,
+    exit 70)."""
+    src, out = checkpoint("tiny3"), tmp_path / "m.gguf"
+    cli("export", "gguf", src, out, "--type", "f32")
+    r = cli("verify", out, "--reference", src, "--random", "2", "--max-new-tokens", "4", "--json")
+    (t,) = json.loads(r.stdout)["targets"]
+    assert t["kind"] == "gguf" and t["passed"] and t["precision"] == "float32"
+    assert t["follows"] == ["window_convention=vllm"] and t["kl_kind"] == "full"
+    assert t["info"]["precision"] == "float32" and t["tokenizer"]["checked"]
+    _set_array(out, "plamo3.rope.freq_base", 0, 5000.0)
+    r = cli("verify", out, "--reference", src, "--random", "2", "--max-new-tokens", "4", "--json", expect=1)
+    line = one_line_error(r, 1)
+    assert not json.loads(r.stdout)["targets"][0]["passed"]
+    assert "diverges from the reference" in line and "position 1 " in line, line
+    report = tmp_path / "r.md"
+    cli("report", side_file(out), "--out", report)
+    text = report.read_text()
+    assert "export gguf, verified with llama.cpp" in text and "| passed | float32 | window_convention=vllm |" in text
