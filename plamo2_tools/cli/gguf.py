@@ -28,6 +28,9 @@ def kld_base(
         ),
     ] = None,
     device: Annotated[str, typer.Option(help="Where the reference forward runs.")] = "cpu",
+    precision: Annotated[
+        str, typer.Option(help="The reference's precision: float64, or float32 where float64 does not fit (8B).")
+    ] = "float64",
     force: Annotated[bool, typer.Option(help="Replace an existing KL-divergence base file at OUT.")] = False,
     as_json: Json = False,
 ) -> None:
@@ -36,7 +39,7 @@ def kld_base(
     llama-perplexity -m FILE.gguf --kl-divergence-base OUT --kl-divergence -c CTX."""
     from ..deploy.kld import make_base
 
-    result = make_base(src, out_file, text, ctx, chunks, add_bos, force=force, device=device)
+    result = make_base(src, out_file, text, ctx, chunks, add_bos, force=force, device=device, precision=precision)
     if as_json:
         print_json(result)
         return

@@ -218,7 +218,7 @@ TEXT_BYTES = 256 * 2**20
 
 
 def make_base(src: Path, out: Path, text: Path, n_ctx: int = 512, chunks: int | None = None,
-              add_bos: bool | None = None, force: bool = False, device: str = "cpu",
+              add_bos: bool | None = None, force: bool = False, device: str = "cpu", precision: str = "float64",
               progress: Callable[[int], None] | None = None) -> dict[str, Any]:  # fmt: skip
     """`plamo2-tools kld-base`: tokenize `text` with the checkpoint's tokenizer (PLaMo's native one),
     run the reference forward on every chunk as llama-perplexity would run the GGUF, write the
@@ -231,6 +231,9 @@ def make_base(src: Path, out: Path, text: Path, n_ctx: int = 512, chunks: int | 
 
     if n_ctx < 4:
         raise UserError(f"--ctx {n_ctx}: must be >= 4")
+    if precision not in ("float64", "float32"):  # float32: an 8B reference fits one 80 GB card
+        raise UserError(f"--precision {precision!r}: float64 or float32")
+    dtype = getattr(torch, precision)
     if out.is_symlink() or out.exists():
         if not force:
             raise UserError(f"{out}: exists (use --force to replace a KL-divergence base file)")
@@ -252,9 +255,14 @@ def make_base(src: Path, out: Path, text: Path, n_ctx: int = 512, chunks: int | 
             raise UserError(f"{src}: --add-bos, but the config has no bos_token_id")
         tokens = ([bos] if bos is not None else []) + ids
 
+        # The forward convention llama.cpp's graph follows (PLaMo 3: vLLM's window, W keys counting the
+        # query): under PFN's HF one every position past the window would differ by construction.
+        options = dict(family.gguf.reference_options) if family.gguf is not None else {}
+
         def logits_of(seq: list[int]) -> np.ndarray:
-            return family.reference_logits(ckpt, [seq], torch.float64, device)[0].numpy()
+            return family.reference_logits(ckpt, [seq], dtype, device, **options)[0].double().numpy()
 
         n_chunk = write_base(out, tokens, n_ctx, cfg.vocab_size, bos, logits_of, chunks, progress)
     return {"kind": KLD_BASE_KIND, "file": str(out), "n_ctx": n_ctx, "n_vocab": cfg.vocab_size, "n_chunk": n_chunk,
-            "tokens": len(tokens), "add_bos": bos is not None, "scored_per_chunk": scored_rows(n_ctx)}  # fmt: skip
+            "tokens": len(tokens), "add_bos": bos is not None, "scored_per_chunk": scored_rows(n_ctx),
+            "reference_precision": precision, "reference_options": options}  # fmt: skip
