@@ -223,6 +223,11 @@ def _yarn_lint(meta: dict[str, Any], cfg: Any, a: str) -> list[Finding]:
     return found
 
 
+def _finding_text(f: Finding) -> str:
+    values = f" (file {f.gguf!r}, reference {f.reference!r})" if f.gguf is not None or f.reference is not None else ""
+    return f"{f.effect}{values}" + ("" if f.diverges else "; no logit shows it")
+
+
 # ---- the target ----------------------------------------------------------------------------------
 _LOG: list[str] = []  # llama.cpp's own log lines, kept (not printed): a load failure quotes its error
 _CALLBACK: Any = None  # the ctypes callback must outlive every call into llama.cpp
@@ -317,6 +322,8 @@ class GGUFTarget:
             "eos_token_id": m.get("tokenizer.ggml.eos_token_id"),
             "eot_token_id": m.get("tokenizer.ggml.eot_token_id"),
             "lint": [asdict(f) for f in self.findings],
+            # the shape every target's report shows (deploy/mlx.py's too): what the runtime does differently
+            "known_differences": [{"key": f.key, "text": _finding_text(f)} for f in self.findings],
         }
 
     def can_score(self) -> bool:

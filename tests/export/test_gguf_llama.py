@@ -225,8 +225,8 @@ def test_the_verify_command_judges_our_gguf(cli, checkpoint, tmp_path, one_line_
     PLaMo 3 f32 export passes following vLLM's window convention; the same file with its RoPE base
     edited fails (exit 1, one line) at position 1, the first that a rotation changes.  The report
     renders the export's own record.  Seen failing with precision_of answering "quantized" for
-    every file type (the precision assert), and with "gguf" dropped from target.TARGETS (KeyError,
-    exit 70)."""
+    every file type (the precision assert), with "gguf" dropped from target.TARGETS (KeyError,
+    exit 70), and with the report's known-difference notes removed."""
     src, out = checkpoint("tiny3"), tmp_path / "m.gguf"
     cli("export", "gguf", src, out, "--type", "f32")
     r = cli("verify", out, "--reference", src, "--random", "2", "--max-new-tokens", "4", "--json")
@@ -237,7 +237,13 @@ def test_the_verify_command_judges_our_gguf(cli, checkpoint, tmp_path, one_line_
     _set_array(out, "plamo3.rope.freq_base", 0, 5000.0)
     r = cli("verify", out, "--reference", src, "--random", "2", "--max-new-tokens", "4", "--json", expect=1)
     line = one_line_error(r, 1)
-    assert not json.loads(r.stdout)["targets"][0]["passed"]
+    (t,) = json.loads(r.stdout)["targets"]
+    assert not t["passed"]
+    known = [d for d in t["info"]["known_differences"] if d["key"] == "plamo3.rope.freq_base"]
+    assert known and "5000.0" in known[0]["text"]  # the lint names the edited key and both values
+    (tmp_path / "v.json").write_text(r.stdout)
+    cli("report", tmp_path / "v.json", "--out", tmp_path / "v.md")
+    assert "known difference: queries and keys rotate with another RoPE base" in (tmp_path / "v.md").read_text()
     assert "diverges from the reference" in line and "position 1 " in line, line
     report = tmp_path / "r.md"
     cli("report", side_file(out), "--out", report)
