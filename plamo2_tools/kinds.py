@@ -24,6 +24,7 @@ EVAL_KIND, EVAL_SCHEMA_VERSION = "plamo2-eval", 1  # eval's results.json: eval/h
 # benchmark envelope every kind may carry, so an export record skips it).
 EXPORT_MLX_KIND, EXPORT_MLX_SCHEMA_VERSION = "plamo2-export-mlx", 3  # OUT/plamo2_export.json: export/mlx.py
 EXPORT_FP8_KIND, EXPORT_FP8_SCHEMA_VERSION = "plamo2-export", 3  # OUT/plamo2_export.json: export/fp8.py
+EXPORT_GGUF_KIND, EXPORT_GGUF_SCHEMA_VERSION = "plamo2-gguf-export", 1  # OUT.gguf.plamo2-export.json: export/gguf.py
 
 # ---- the benchmark suite (`python -m bench NAME`, docs/benchmarks.md) --------------------------------
 # Every benchmark writes one envelope (bench/common.py: benchmark, machine, commit, command,
@@ -59,3 +60,4 @@ BENCH_LOAD_KIND, BENCH_LOAD_SCHEMA_VERSION = "plamo2-bench-load", 1  # bench/loa
 BENCH_LM_EVAL_PARTS_KIND, BENCH_LM_EVAL_PARTS_SCHEMA_VERSION = "plamo2-bench-lm-eval-parts", 1  # lm_eval_parts.py
 BENCH_EXPORT_MLX_KIND, BENCH_EXPORT_MLX_SCHEMA_VERSION = "plamo2-bench-export-mlx", 1  # bench/export_mlx.py
 BENCH_EXPORT_FP8_KIND, BENCH_EXPORT_FP8_SCHEMA_VERSION = "plamo2-bench-export", 1  # bench/export_fp8.py
+BENCH_EXPORT_GGUF_KIND, BENCH_EXPORT_GGUF_SCHEMA_VERSION = "plamo2-bench-gguf-export", 1  # bench/gguf_export.py

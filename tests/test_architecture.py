@@ -233,6 +233,8 @@ def test_the_exports_are_a_consumer_like_convert() -> None:
     }
     assert not users, users
     assert not GRAPH["export"] & {"runtime", "serve", "eval", "verify"}, GRAPH["export"]
+    allowed = FOUNDATION | LEAVES | {"model", "shards", "deploy", "convert", "tokenizer"}
+    assert GRAPH["export"] <= allowed, GRAPH["export"] - allowed
 
 
 def test_no_cycles_between_packages() -> None:

@@ -16,7 +16,7 @@ import typer
 from rich.logging import RichHandler
 
 from ..version import __version__
-from . import checkpoints, evaluate, export, reports, run, serve, shards, warmup
+from . import checkpoints, evaluate, export, gguf, reports, run, serve, shards, warmup
 from .console import err, out
 from .errors import OneLineErrors, handle_errors
 
@@ -59,6 +59,7 @@ COMMANDS = (
     ("check", shards.check),
     ("demo", run.demo),
     ("verify", run.verify),
+    ("kld-base", gguf.kld_base),
     ("generate", run.generate),
     ("warmup", warmup.warmup),
     ("serve", serve.serve),

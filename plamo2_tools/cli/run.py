@@ -282,6 +282,8 @@ def print_targets(result: dict[str, Any], title: str) -> None:
         parity = t["tokenizer"]
         if parity.get("checked") is False:
             out.print(f"  {name}: tokenizer not checked ({parity['why']})", highlight=False)
+        for d in t["info"].get("known_differences") or []:  # what the target's runtime is known to do differently
+            out.print(f"  {name}: known difference: {d.get('text', d)}", highlight=False)
         for f in t["failures"]:
             out.print(f"  [red]{name}[/]: {f}", highlight=False)
 

@@ -122,7 +122,11 @@ def merge(
 
 def check(
     path: Annotated[
-        Path, typer.Argument(help="A shard directory made by `plamo2-tools convert`, or an export mlx / fp8 directory.")
+        Path,
+        typer.Argument(
+            help="A shard directory made by `plamo2-tools convert`, a GGUF file made by `export gguf`, "
+            "or an `export mlx` / `export fp8` directory."
+        ),
     ],
     source: Annotated[
         Path | None,
@@ -135,10 +139,13 @@ def check(
 ) -> None:
     """Verify a shard directory without running the model: files, sizes and digests, headers and
     metadata, tensor digests, replicas, vocab padding and source coverage; with --source, also every
-    tensor against the source checkpoint.  An `export mlx` / `export fp8` directory (with --source): every
-    tensor re-derived from the checkpoint, quantized ones by quantizing again, and the config.  Exit 1 on a problem."""
+    tensor against the source checkpoint.  A .gguf file or an `export mlx` / `export fp8` directory (with
+    --source): every tensor re-derived from the checkpoint, quantized ones by quantizing again, and every
+    key or the config.  Exit 1 on a problem."""
     from ..export.check import export_format
 
+    if path.suffix.lower() == ".gguf":
+        return _check_gguf(path, source, as_json)
     if export_format(path) is not None:
         return _check_export(path, source, as_json)
     if source is not None:
@@ -164,6 +171,25 @@ def check(
         out.print(f"[green]ok[/]: {path} is complete and matches its manifest", highlight=False)
         if against is not None:
             out.print(f"[green]ok[/]: all {against.tensors} tensors match {source}", highlight=False)
+
+
+def _check_gguf(path: Path, source: Path | None, as_json: bool) -> None:
+    from ..errors import UserError
+    from ..export.gguf_check import check_gguf
+
+    if source is None:
+        raise UserError(f"{path}: checking a GGUF file needs --source (the checkpoint it was exported from)")
+    report = check_gguf(path, source)
+    if as_json:
+        print_json(report.to_dict())
+    if not report.ok:
+        raise CheckFailed(f"{path}: {len(report.problems)} problem(s) against {source}; first: {report.problems[0]}")
+    if not as_json:
+        skipped = (
+            f" ({len(report.not_rederived)} quantized by llama-quantize not re-derived)" if report.not_rederived else ""
+        )
+        what = f"all {report.tensors} tensors and {report.keys} keys of {path}"
+        out.print(f"[green]ok[/]: {what} match {source}{skipped}", highlight=False)
 
 
 def _check_structure(path: Path, as_json: bool) -> Any:

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 
     from ..parallel import Mapping
     from .forward import Comm, RankModel
+    from .gguf import GGUFArch
 
 
 class ModelConfig(Protocol):
@@ -104,6 +105,9 @@ class Family:
     # Which PLaMo tokenizer its checkpoints carry when their tokenizer_config.json names no class
     # (tokenizer.FLAVOURS: "plamo2" or "plamo3"); synth writes this one.
     tokenizer_flavour: ClassVar[str] = "plamo2"
+    # What the family is as a GGUF file for llama.cpp (model/<family>/gguf.py; None: no llama.cpp
+    # architecture for it): names, metadata, what llama.cpp's graph does differently.
+    gguf: ClassVar[GGUFArch | None] = None
 
     # ---- config --------------------------------------------------------------------------------
     def matches(self, raw: dict[str, Any]) -> bool:

@@ -41,6 +41,7 @@ from .inputs import (
     BENCH_CONVERT,
     BENCH_E2E,
     BENCH_EXPORT_FP8,
+    BENCH_EXPORT_GGUF,
     BENCH_EXPORT_MLX,
     BENCH_FUZZ,
     BENCH_KERNELS,
@@ -51,6 +52,7 @@ from .inputs import (
     CHECK,
     CONVERT,
     EXPORT_FP8,
+    EXPORT_GGUF,
     EXPORT_MLX,
     INSPECT,
     KILL_RESUME,
@@ -85,7 +87,11 @@ SECTIONS: list[tuple[tuple[str, ...], str, Renderer]] = [
         "Compatibility and robustness",
         checks.render,
     ),
-    ((EXPORT_MLX, EXPORT_FP8, BENCH_EXPORT_MLX, BENCH_EXPORT_FP8), "Exports", exports.render),
+    (
+        (EXPORT_MLX, EXPORT_FP8, EXPORT_GGUF, BENCH_EXPORT_MLX, BENCH_EXPORT_FP8, BENCH_EXPORT_GGUF),
+        "Exports",
+        exports.render,
+    ),  # fmt: skip
     ((CONVERT, CHECK, INSPECT), "Tool output", tools.render),
 ]
 

@@ -38,6 +38,10 @@ def file_section(doc: Doc, ctx: Context) -> list[str]:
         elif parity.get("checked"):
             notes.append(f"- {name}: tokenizer {'identical' if parity.get('equal') else '**differs**'} "
                          f"({num(parity.get('tokens'))} tokens of the parity text)")  # fmt: skip
+        info = t.get("info") if isinstance(t.get("info"), dict) else {}
+        for d in info.get("known_differences") or []:
+            text = d.get("text", d) if isinstance(d, dict) else d
+            notes.append(f"- {name}: known difference: {' '.join(str(text).split())}")
         for f in t.get("failures") or []:
             notes.append(f"- {name} **fails**: {' '.join(str(f).split())}")
     if notes:

@@ -1,14 +1,15 @@
 """Exports (issue 31): what `plamo2-tools export` recorded beside each output (`plamo2_export.json`,
 or its --json: the format, the quantization, what the target runtime is known to do differently and
 the verification measured against the reference), and the export benchmarks (bench/export_mlx.py,
-bench/export_fp8.py: time against `cp -r`, peak memory)."""
+bench/export_fp8.py, bench/gguf_export.py: time against `cp -r`, peak memory).  A GGUF export's
+record is `OUT.gguf.plamo2-export.json` beside the file."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from .context import Context
-from .inputs import BENCH_EXPORT_FP8, BENCH_EXPORT_MLX, EXPORT_FP8, EXPORT_MLX, Doc
+from .inputs import BENCH_EXPORT_FP8, BENCH_EXPORT_GGUF, BENCH_EXPORT_MLX, EXPORT_FP8, EXPORT_GGUF, EXPORT_MLX, Doc
 from .markdown import MISSING, code, nbytes, num, sci, seconds, table
 
 
@@ -21,8 +22,10 @@ def render(docs: list[Doc], ctx: Context) -> list[str]:
             "export fp8, verified by construction (`verify`'s fp8 target: the export read back, run as W8A8)",
             fp8_table,
         ),
+        (EXPORT_GGUF, "export gguf, verified with llama.cpp (judged as `verify` judges)", gguf_table),
         (BENCH_EXPORT_MLX, "export mlx vs cp -r", mlx_bench_table),
         (BENCH_EXPORT_FP8, "export fp8: time and memory", fp8_bench_table),
+        (BENCH_EXPORT_GGUF, "export gguf vs cp and llama.cpp's convert_hf_to_gguf.py", gguf_bench_table),
     ):
         chosen = [d for d in docs if d.kind == kind]
         if chosen:
@@ -119,3 +122,35 @@ def fp8_bench_table(docs: list[Doc]) -> list[str]:
                          nbytes(r.get("peak_rss_bytes")), nbytes(r.get("bytes_written"))])  # fmt: skip
     headers = ["File", "preset", "run", "time", "vs cp", "peak RSS", "written"]
     return table(headers, rows, right=(3, 4, 5, 6))
+
+
+def gguf_table(docs: list[Doc]) -> list[str]:
+    rows = []
+    for doc in docs:
+        d = doc.data
+        v = d.get("verify") if isinstance(d.get("verify"), dict) else None
+        first = (v or {}).get("first_divergence")
+        where = MISSING if v is None else "none" if not first else f"prompt {first['prompt']} pos {first['position']}"
+        verdict = "not run" if v is None else "passed" if v.get("verdict") == "pass" else "DIVERGED"
+        rows.append([code(doc.name), num(d.get("type")), ", ".join(d.get("tensor_types") or []) or "-",
+                     num(d.get("tensors"), "d"), nbytes(d.get("bytes")), verdict,
+                     num((v or {}).get("precision")), num((v or {}).get("follows")), sci((v or {}).get("mean_kl")),
+                     sci((v or {}).get("max_kl")), num((v or {}).get("top1_agreement"), ".3f"), where])  # fmt: skip
+    headers = ["File", "type", "--tensor-type", "tensors", "size", "verdict", "judged as", "follows", "mean KL",
+               "max KL", "top-1", "first divergence"]  # fmt: skip
+    return table(headers, rows, right=(3, 4, 8, 9, 10))
+
+
+def gguf_bench_table(docs: list[Doc]) -> list[str]:
+    rows = []
+    for doc in docs:
+        d = doc.data
+        cp = d["cp"]
+        for name in ("cp", "ours", "llama_cpp_convert"):
+            r = d.get(name)
+            if not isinstance(r, dict):
+                continue
+            ratio = r.get("seconds") / cp["seconds"] if cp.get("seconds") and r.get("seconds") else None
+            rows.append([code(doc.name), num(d.get("preset")), num(d.get("type")), name, seconds(r.get("seconds")),
+                         num(ratio, ".2f"), num(r.get("peak_rss_mib"), ".0f")])  # fmt: skip
+    return table(["File", "preset", "type", "run", "time", "vs cp", "peak RSS (MiB)"], rows, right=(4, 5, 6))

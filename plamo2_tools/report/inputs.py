@@ -27,6 +27,7 @@ from ..kinds import (
     BENCH_CONVERT_KIND,
     BENCH_E2E_KIND,
     BENCH_EXPORT_FP8_KIND,
+    BENCH_EXPORT_GGUF_KIND,
     BENCH_EXPORT_MLX_KIND,
     BENCH_FUZZ_KIND,
     BENCH_KERNELS_KIND,
@@ -44,6 +45,7 @@ from ..kinds import (
     CONVERT_KIND,
     EVAL_KIND,
     EXPORT_FP8_KIND,
+    EXPORT_GGUF_KIND,
     EXPORT_MLX_KIND,
     INSPECT_KIND,
     KILL_RESUME_KIND,
@@ -84,6 +86,8 @@ EXPORT_MLX = "export-mlx"
 EXPORT_FP8 = "export-fp8"
 BENCH_EXPORT_MLX = "bench-export-mlx"
 BENCH_EXPORT_FP8 = "bench-export-fp8"
+EXPORT_GGUF = "export-gguf"
+BENCH_EXPORT_GGUF = "bench-export-gguf"
 KINDS = (
     LMEVAL,
     VERIFY,
@@ -104,6 +108,8 @@ KINDS = (
     EXPORT_FP8,
     BENCH_EXPORT_MLX,
     BENCH_EXPORT_FP8,
+    EXPORT_GGUF,
+    BENCH_EXPORT_GGUF,
     CONVERT,
     CHECK,
     INSPECT,
@@ -153,6 +159,8 @@ SCHEMAS: dict[str, Schema] = {
     EXPORT_FP8_KIND: Schema(EXPORT_FP8, (1, 3), {"format": str, "quantized": list}),
     BENCH_EXPORT_MLX_KIND: Schema(BENCH_EXPORT_MLX, (1,), {"presets": dict}),
     BENCH_EXPORT_FP8_KIND: Schema(BENCH_EXPORT_FP8, (1,), {"baseline": dict, "results": list}),
+    EXPORT_GGUF_KIND: Schema(EXPORT_GGUF, (1,), {"type": str, "tensors": int}),
+    BENCH_EXPORT_GGUF_KIND: Schema(BENCH_EXPORT_GGUF, (1,), {"preset": str, "cp": dict, "ours": dict}),
 }
 # The suite's envelope (bench/common.py): what every benchmark file of version BENCH_SCHEMA_VERSION has.
 ENVELOPE_FIELDS: Mapping[str, type | tuple[type, ...]] = {

@@ -63,3 +63,5 @@ def test_byte_moving_commands_never_import_torch(preset: str, checkpoint, tmp_pa
     torch_free("export", "fp8", "--help")
     torch_free("export", "fp8", src, tmp_path / "fp8", "--no-verify", "--json")  # verifying runs the model
     assert json.loads(ids.splitlines()[0])
+    # export gguf moves bytes too (its verification runs the model: --no-verify here)
+    torch_free("export", "gguf", src, tmp_path / "m.gguf", "--type", "q8_0", "--no-verify", "--json")

@@ -39,6 +39,7 @@ WRITERS = {  # kind -> the version its writer writes today
     EVAL_KIND: EVAL_SCHEMA_VERSION,
     kinds.EXPORT_FP8_KIND: kinds.EXPORT_FP8_SCHEMA_VERSION,
     kinds.EXPORT_MLX_KIND: kinds.EXPORT_MLX_SCHEMA_VERSION,
+    kinds.EXPORT_GGUF_KIND: kinds.EXPORT_GGUF_SCHEMA_VERSION,
     kinds.VERIFY_TARGETS_KIND: kinds.VERIFY_TARGETS_SCHEMA_VERSION,
 }
 
@@ -91,6 +92,7 @@ SCRIPT_KINDS = {  # what kinds.py says they write
     "lm_eval_parts.py": (kinds.BENCH_LM_EVAL_PARTS_KIND, kinds.BENCH_LM_EVAL_PARTS_SCHEMA_VERSION),
     "export_fp8.py": (kinds.BENCH_EXPORT_FP8_KIND, kinds.BENCH_EXPORT_FP8_SCHEMA_VERSION),
     "export_mlx.py": (kinds.BENCH_EXPORT_MLX_KIND, kinds.BENCH_EXPORT_MLX_SCHEMA_VERSION),
+    "gguf_export.py": (kinds.BENCH_EXPORT_GGUF_KIND, kinds.BENCH_EXPORT_GGUF_SCHEMA_VERSION),
 }
 
 

@@ -13,6 +13,7 @@ from ..layout import kind_of, layer_of
 from ..plamo import FINAL_NORM_OFFSET, NORM_OFFSETS
 from . import tensors as table
 from .config import Plamo2Config
+from .gguf import GGUF
 from .presets import PRESETS, TINY_PRESETS
 
 PLAMO2_1 = Variant(
@@ -30,6 +31,7 @@ class Plamo2Family(Family):
     config_class = Plamo2Config
     tensors = table.TENSORS
     extras = table.VLLM_EXTRAS
+    gguf = GGUF
     fp8_quantized = table.FP8_QUANTIZED
     fp8_kept = table.FP8_KEPT
     presets = PRESETS

@@ -21,6 +21,7 @@ from ..layout import block, layer_of
 from ..plamo import FINAL_NORM_OFFSET, NORM_OFFSETS
 from . import tensors as table
 from .config import FULL, QK_NORM_OFFSET, Plamo3Config
+from .gguf import GGUF
 from .presets import PRESETS, TINY_PRESETS
 
 WINDOW_CONVENTION = RuntimeOption(
@@ -39,6 +40,7 @@ class Plamo3Family(Family):
     config_class = Plamo3Config
     tensors = table.TENSORS
     extras = table.VLLM_EXTRAS
+    gguf = GGUF
     fp8_quantized = table.FP8_QUANTIZED
     presets = PRESETS
     tiny_presets = TINY_PRESETS
