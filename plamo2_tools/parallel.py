@@ -1,4 +1,4 @@
-"""Rank arithmetic, written once (docs/shard-format.md, "Ranks").
+"""Rank arithmetic, written once (docs/shard-format.md, "Rank numbering").
 
 A TP x PP split numbers its ranks like vLLM and TRT-LLM, TP innermost:
 global rank = pp_rank * tp + tp_rank.  Shard file names, the converter's plan, the runtime's

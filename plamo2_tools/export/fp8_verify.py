@@ -1,5 +1,5 @@
 """The FP8 export checked by construction: its own files read back, dequantized as compressed-tensors does,
-and run through the family's reference forward beside the source (docs/export.md, "FP8: what the figures mean").
+and run through the family's reference forward beside the source (docs/export.md, "FP8").
 
 Two variants of the exported model are measured against the source on the same fixed token sequences:
 

@@ -1,4 +1,4 @@
-"""The shard format's versions, one object each (docs/shard-format.md, "Versions").
+"""The shard format's versions, one object each (docs/shard-format.md, its table of versions).
 
 A version says where its manifest records digests, which hash algorithms it may name, how a
 file's digest is built, and what the layout of its time held.  Readers look a manifest's version
