@@ -13,6 +13,7 @@ from ..errors import CheckFailed, UserError
 from .console import byte_progress, out, print_json
 from .errors import OneLineErrors, handle_errors
 from .options import Force, Json, MaxPartSize
+from .validators import require
 
 app = typer.Typer(
     name="export",
@@ -148,6 +149,8 @@ def fp8(
         raise UserError("--verify-sequences, --verify-tokens and --workers must be at least 1")
     if max_kl is not None and not max_kl >= 0:
         raise UserError(f"--max-kl {max_kl}: must be a number >= 0")
+    if verify:
+        require("torch")  # the reference forward; refused before the export, not after it
     options = {"sequences": verify_sequences, "tokens": verify_tokens, "dtype": verify_dtype}
     with byte_progress(f"export fp8 {src}", enabled=not as_json) as progress:
         result = export_fp8(
