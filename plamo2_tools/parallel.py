@@ -96,9 +96,6 @@ class Mapping:
         """(tp_rank, pp_rank) of a global rank."""
         return split_rank(rank, self.tp)
 
-    def rank_info(self, rank: int) -> RankInfo:
-        return RankInfo(rank, self.tp, self.pp)
-
     @classmethod
     def even(cls, num_layers: int, tp: int, pp: int, layers: list[int] | None = None) -> Mapping:
         """Stages from explicit per-stage layer counts, or vLLM's default split."""

@@ -103,13 +103,6 @@ def _range_digest(fd: int, r: tuple[int, int], algorithm: str) -> str:
     return h.hexdigest()
 
 
-def bytes_digest(data: bytes, algorithm: str = HASH) -> str:
-    """A side file's digest (version 3): H of its bytes."""
-    h = new_hash(algorithm)
-    h.update(data)
-    return h.hexdigest()
-
-
 def header_bytes(file: SafetensorsFile) -> bytes:
     """The bytes before a file's data (what combine_file_digest starts with)."""
     with open(file.path, "rb") as f:
