@@ -1,7 +1,7 @@
 """No definition in the package that nothing reads (issue 29 item 7): a new one fails here, named
 with its file and line.  The finder is `tests/unreferenced.py` (ast, names matched by spelling);
 below it is shown finding planted dead definitions and leaving live ones alone.  Removed when this
-test came: jsonio.LINE_BYTES, model.mlx.Difference.from_position, model.synth.SPECIAL_TOKENS,
+test came: jsonio.LINE_BYTES, model.synth.SPECIAL_TOKENS,
 parallel.Mapping.rank_info, safetensors_io.pread_exact, shards.formats.bytes_digest,
 tokenizer.encoder.PlamoEncoder.encode_batch, tokenizer.vocab.TYPES (and, found by reading,
 model.family.Variant.differences, whose name a live method shares)."""
@@ -27,6 +27,7 @@ ALLOWED = {
     *(TOKENIZER + hook for hook in HOOKS),  # transformers' PreTrainedTokenizer calls these
     "plamo2_tools.eval.plamo2_lm.PlamoLM.tokenizer_name",  # lm-eval's TemplateLM reads it (chat templates)
     "plamo2_tools.tokenizer.hf.PlamoTokenizerNative.token_to_score",  # PFN's Plamo2Tokenizer has it: same interface
+    "plamo2_tools.model.mlx.Difference.from_position",  # set positionally, read by vars() into the export record
     "plamo2_tools.serve.protocol.ModelCard.owned_by",  # a field of OpenAI's /v1/models, serialised by pydantic
     "plamo2_tools.serve.server._GracefulServer.capture_signals",  # overrides uvicorn.Server's
     "plamo2_tools.runtime.serving.scheduler.ChunkStop",  # the Protocol that documents `first_hit` (read by getattr)

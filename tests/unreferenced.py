@@ -6,9 +6,9 @@ package, bench/ or tests/ (a `Name` or an attribute in a load, a name in `__all_
 string, as `module:attr` registries and `getattr` spell them), outside its own definition.  Being
 written (a keyword argument, an assignment) is not being read: a dataclass field that every caller
 fills and nobody reads is dead.  Names are matched by spelling, not by type, so the finder misses a
-dead method that shares its name with a live one; what it reports is dead for certain, except
-definitions that outside code calls by name (transformers' hooks, uvicorn's methods), which the
-caller allows.
+dead method that shares its name with a live one; what it reports is dead, except definitions read
+without their name: called by other libraries (transformers' hooks, uvicorn's methods) or a field
+that `vars()`, `asdict()` or pydantic serialises; the caller allows those, each with its reason.
 """
 
 from __future__ import annotations

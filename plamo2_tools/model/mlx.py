@@ -44,6 +44,7 @@ class Difference:
 
     key: str  # short name: "rope_base", "sliding_window", ...
     text: str  # one sentence for the report
+    from_position: int | None = None  # the first teacher-forced position it can change (None: unknown)
 
 
 @dataclass(frozen=True)
