@@ -121,7 +121,7 @@ def merge(
 
 
 def check(
-    path: Annotated[Path, typer.Argument(help="A shard directory made by `plamo2-tools convert`.")],
+    path: Annotated[Path, typer.Argument(metavar="SHARDS", help="A shard directory made by `plamo2-tools convert`.")],
     source: Annotated[
         Path | None,
         typer.Option(
