@@ -4,7 +4,7 @@
         (--gsm8k-dir DIR | --synthetic-data N) [--batch-size auto] [--limit N] [--samples rows.jsonl]
 
 lm-eval's gsm8k v3 on every test document (or --limit), through the public API (`Runtime`,
-`Plamo2LM`, the harness).  Scores: flexible-extract and strict-match exact match; the baseline for
+`PlamoLM`, the harness).  Scores: flexible-extract and strict-match exact match; the baseline for
 them is vLLM's published run of pfnet/plamo-2-1b (0.202 / 0.520 at TP1xPP1, vLLM PR #19674), which
 only real weights can meet (a synthesized model scores about 0: its runs time the pipeline).
 
@@ -155,7 +155,7 @@ def evaluate(args: argparse.Namespace, shards: Path) -> dict[str, Any]:
     from plamo2_tools import Runtime
     from plamo2_tools.eval.gsm8k_task import load_gsm8k_data
     from plamo2_tools.eval.harness import EvalRequest, evaluate_model
-    from plamo2_tools.eval.plamo2_lm import Plamo2LM
+    from plamo2_tools.eval.plamo2_lm import PlamoLM
     from plamo2_tools.runtime.serving.generation import LoopStats, PhaseTimer
 
     with tempfile.TemporaryDirectory(prefix="plamo2-bench-gsm8k-") as tmp:
@@ -182,7 +182,7 @@ def evaluate(args: argparse.Namespace, shards: Path) -> dict[str, Any]:
         timer = PhaseTimer()
         eng.timer, eng.stats = timer, LoopStats()
         timed = TimedRuntime(rt)
-        lm = Plamo2LM(
+        lm = PlamoLM(
             runtime=timed,
             pretrained=str(shards),
             batch_size=B,

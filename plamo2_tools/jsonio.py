@@ -22,7 +22,6 @@ KiB, MiB = 1 << 10, 1 << 20
 CONFIG_BYTES = 16 * MiB  # config.json, generation_config.json, tokenizer_config.json, index
 MANIFEST_BYTES = 512 * MiB  # a 100B-parameter model at tp 8 has a manifest of a few MB
 RESULT_BYTES = 256 * MiB  # report's inputs (lm-eval samples can be large)
-LINE_BYTES = 16 * MiB  # one row of a .jsonl file (tokenizer.jsonl, journal, prompts)
 
 
 def parse_json(data: bytes | str, where: str, max_depth: int = MAX_DEPTH) -> Any:

@@ -1,4 +1,4 @@
-"""Rank arithmetic, written once (docs/shard-format.md, "Ranks").
+"""Rank arithmetic, written once (docs/shard-format.md, "Rank numbering").
 
 A TP x PP split numbers its ranks like vLLM and TRT-LLM, TP innermost:
 global rank = pp_rank * tp + tp_rank.  Shard file names, the converter's plan, the runtime's
@@ -95,9 +95,6 @@ class Mapping:
     def ranks(self, rank: int) -> tuple[int, int]:
         """(tp_rank, pp_rank) of a global rank."""
         return split_rank(rank, self.tp)
-
-    def rank_info(self, rank: int) -> RankInfo:
-        return RankInfo(rank, self.tp, self.pp)
 
     @classmethod
     def even(cls, num_layers: int, tp: int, pp: int, layers: list[int] | None = None) -> Mapping:

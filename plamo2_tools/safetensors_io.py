@@ -126,12 +126,6 @@ def _count(value: object) -> int:
     return value
 
 
-def pread_exact(fd: int, nbytes: int, offset: int, path: Path | str = "") -> bytearray:
-    buf = bytearray(nbytes)
-    pread_into(fd, memoryview(buf), offset, path)
-    return buf
-
-
 def pread_into(fd: int, view: memoryview, offset: int, path: Path | str = "") -> None:
     done = 0
     while done < len(view):

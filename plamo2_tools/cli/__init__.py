@@ -22,7 +22,8 @@ from .errors import OneLineErrors, handle_errors
 
 app = typer.Typer(
     name="plamo2-tools",
-    help="Split, check, run and evaluate PLaMo checkpoints (PLaMo 2: hybrid Mamba2 + attention).",
+    help="Split, check, run, serve, export and evaluate PLaMo checkpoints: PLaMo 2 (hybrid Mamba2 + attention) and "
+    "PLaMo 3 (attention with sliding windows).",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,

@@ -9,14 +9,12 @@ import typer
 from rich.table import Table
 
 from .console import byte_progress, out, print_json
-from .options import Force, Json, TrustRemoteCode
+from .options import PRESET_HELP, Force, Json, TrustRemoteCode
 
 
 def synth(
     out_dir: Annotated[Path, typer.Argument(metavar="OUT", help="Directory to create.")],
-    preset: Annotated[
-        str, typer.Option(help="A preset of any family: real shapes (plamo-2-1b, plamo-2-8b, ...) or tiny ones.")
-    ] = "tiny",
+    preset: Annotated[str, typer.Option(help=f"{PRESET_HELP}.")] = "tiny",
     seed: Annotated[int, typer.Option(help="Random seed; the same seed gives the same bytes.")] = 0,
     dtype: Annotated[str | None, typer.Option(help="float32, bfloat16 or float16 (default: the preset's).")] = None,
     files: Annotated[int, typer.Option(help="Split the weights into N files with an HF index.")] = 1,
@@ -25,7 +23,7 @@ def synth(
 ) -> None:
     """Write a random checkpoint in the exact Hugging Face layout.
 
-    Real shapes (plamo-2-1b, plamo-2-8b) for benchmarks; tiny presets for tests.  Values keep the
+    Real shapes for benchmarks, tiny presets for tests (--preset lists them).  Values keep the
     model numerically healthy, and a tokenizer in PLaMo's own format is included.
     """
     from ..model import num_parameters

@@ -24,6 +24,7 @@ from .. import timeline
 from ..errors import BUG_EXIT_CODE, ENVIRONMENT_ERRNOS, REPORT_BUGS_TO, Plamo2Error
 from ..version import __version__
 from .console import err
+from .helptext import polish
 
 # Typer's own click (a vendored copy in recent Typer, the click package in older ones): its
 # exception classes are the ones raised.
@@ -46,6 +47,37 @@ INTERRUPTED = {
 }
 
 
+# What each optional extra of pyproject.toml provides, by the top-level module a command imports
+# (tests/test_extras.py checks this against pyproject's extras), and which extra a command asks for
+# when one of its modules is missing: `eval` asks for [eval], which brings torch with it.
+EXTRAS = {
+    "run": ("torch", "triton"),
+    "serve": ("torch", "triton", "fastapi", "uvicorn", "pydantic", "jinja2"),
+    "eval": ("torch", "triton", "lm_eval", "yaml", "tqdm"),
+    "report": ("matplotlib",),
+    "mlx": ("mlx", "mlx_lm"),
+    "gguf": ("gguf", "llama_cpp"),
+}
+COMMAND_EXTRA = {"serve": "serve", "eval_shards": "eval", "gsm8k_task": "eval", "lm_eval_passthrough": "eval"}
+
+
+def missing_extra(command: str, module: str | None) -> str | None:
+    """The extra that provides `module` for `command` (None when no extra does: then a missing
+    module is a broken install, not a choice, and stays a bug report)."""
+    top = (module or "").partition(".")[0]
+    wanted = COMMAND_EXTRA.get(command)
+    if wanted is not None and top in EXTRAS[wanted]:
+        return wanted
+    return next((extra for extra, modules in EXTRAS.items() if top in modules), None)
+
+
+def command_name(command: str) -> str:
+    """The CLI name of a command function (`eval_shards` is `eval`, `fp8` is `export fp8`)."""
+    if command in ("gguf", "mlx", "fp8"):
+        return f"export {command}"
+    return command.removesuffix("_shards").removesuffix("_passthrough").replace("_", "-")
+
+
 def one_line(message: str) -> str:
     """A message as one line: the line breaks a library put in its own text (transformers' and
     remote code's errors span several lines) become ` | `, so a refusal is always one line."""
@@ -63,8 +95,8 @@ class OneLineErrors(TyperGroup):
 
     def main(self, args: Any = None, prog_name: Any = None, complete_var: Any = None,
              standalone_mode: bool = True, **extra: Any) -> Any:  # fmt: skip
-        _plain_flags(self)
         _forward_option_help(self, sys.argv[1:] if args is None else list(args))
+        polish(self)
 
         def run() -> Any:
             return super(OneLineErrors, self).main(
@@ -89,31 +121,19 @@ class OneLineErrors(TyperGroup):
         sys.exit(code if isinstance(code, int) else 0)
 
 
-def _plain_flags(group: Any) -> None:
-    """No `<bool>` beside a plain flag in --help (Typer shows the type of every option; a flag
-    takes no value, so the column only confused readers of the README)."""
-    for command in getattr(group, "commands", {}).values():
-        _plain_flags(command)
-        for param in getattr(command, "params", []):
-            if getattr(param, "is_flag", False) and getattr(param, "metavar", "") is None:
-                param.metavar = ""
-
-
 def _forward_option_help(group: Any, args: list[str]) -> None:
-    """`COMMAND --help` lists what `--option` can choose, from the registered families
-    (model.registry.runtime_options_help); built only for a help screen, since the registry costs
-    a numpy import that running a byte-moving command or `--help` itself need not pay."""
-    from .options import FORWARD_OPTION_HELP
+    """`COMMAND --help` lists what `--option` can choose and `synth --help` every preset, from the
+    registered families (options.REGISTRY_HELP); built only for a help screen, since the registry
+    costs a numpy import that running a byte-moving command or `--help` itself need not pay."""
+    from .options import REGISTRY_HELP
 
     if "--help" not in args:
         return
     for name, command in getattr(group, "commands", {}).items():
-        params = [p for p in getattr(command, "params", []) if "--option" in getattr(p, "opts", ())]
-        if name in args and params:
-            from ..model.registry import runtime_options_help
-
-            for param in params:
-                param.help = f"{FORWARD_OPTION_HELP} {runtime_options_help()}."
+        params = [p for p in getattr(command, "params", []) if set(getattr(p, "opts", ())) & set(REGISTRY_HELP)]
+        for param in params if name in args else []:
+            (opt,) = set(param.opts) & set(REGISTRY_HELP)
+            param.help = REGISTRY_HELP[opt]()
 
 
 def handle_errors(fn: F) -> F:
@@ -138,6 +158,15 @@ def handle_errors(fn: F) -> F:
             raise typer.Exit(130) from None
         except (typer.Exit, clicks.ClickException):
             raise
+        except ModuleNotFoundError as e:
+            extra = missing_extra(fn.__name__, e.name)
+            if extra is None:
+                _bug(fn.__name__)
+            name = command_name(fn.__name__)
+            error_line(
+                f"plamo2-tools {name} needs {e.name}, which is not installed: pip install 'plamo2-tools[{extra}]'"
+            )
+            raise typer.Exit(3) from None
         except OSError as e:
             if e.errno not in ENVIRONMENT_ERRNOS:
                 _bug(fn.__name__)
@@ -179,7 +208,7 @@ def out_of_memory_line(e: BaseException) -> str:
 
 def _bug(command: str) -> NoReturn:
     traceback.print_exc()
-    name = command.removesuffix("_shards").removesuffix("_passthrough").replace("_", "-")
+    name = command_name(command)
     error_line(
         f"plamo2-tools {__version__} `{name}` failed with the traceback above: this is a bug in plamo2-tools, "
         f"not in your input; please report it to {REPORT_BUGS_TO}",

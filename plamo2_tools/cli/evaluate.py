@@ -22,7 +22,9 @@ from .validators import (
 
 def eval_shards(
     shards: Annotated[Path, typer.Argument(help="A shard directory made by `plamo2-tools convert` (any TP x PP).")],
-    tasks: Annotated[str, typer.Option(help="Comma-separated lm-eval tasks; gsm8k is supported.")] = "gsm8k",
+    tasks: Annotated[
+        str, typer.Option(help="The lm-eval task to run: gsm8k, the one task this command runs (offline, local data).")
+    ] = "gsm8k",
     num_fewshot: Annotated[int | None, typer.Option(help="Few-shot examples (default: the task's, 5).")] = None,
     limit: Annotated[str | None, typer.Option(help="First N test documents (or a fraction < 1).")] = None,
     batch_size: Annotated[
@@ -103,8 +105,12 @@ def gsm8k_task(
     as_json: Json = False,
 ) -> None:
     """Write DIR/gsm8k.yaml for lm-eval's own CLI: lm-eval's gsm8k task (v3) with the dataset pointed
-    at local GSM8K files, the same task `plamo2-tools eval` runs.  Then:
-    plamo2-tools lm-eval run --model plamo2 --model_args pretrained=SHARDS --tasks gsm8k --include_path DIR
+    at local GSM8K files, the same task `plamo2-tools eval` runs.
+
+    Then run it with lm-eval's own CLI:
+
+    \b
+    plamo2-tools lm-eval run --model plamo --model_args pretrained=SHARDS --tasks gsm8k --include_path DIR
     """
     from ..eval.gsm8k_task import load_gsm8k_data, write_task_yaml
 
@@ -118,10 +124,13 @@ def gsm8k_task(
 
 
 def lm_eval_passthrough(ctx: typer.Context) -> None:
-    """lm-eval's own CLI with the plamo2 model registered; every argument goes to lm-eval.
+    """lm-eval's own CLI with the plamo model (PLaMo 2 and 3) registered; every argument goes to lm-eval.
 
-    Example: plamo2-tools lm-eval run --model plamo2 --model_args pretrained=SHARDS --tasks gsm8k
-    --include_path DIR --output_path OUT --log_samples
+    For example:
+
+    \b
+    plamo2-tools lm-eval run --model plamo --model_args pretrained=SHARDS --tasks gsm8k \\
+        --include_path DIR --output_path OUT --log_samples
     """
     from ..eval.lm_eval_cli import main as lm_eval_main
 

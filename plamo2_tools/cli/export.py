@@ -14,6 +14,7 @@ from .console import byte_progress, out, print_json
 from .console import out as out_console
 from .errors import OneLineErrors, handle_errors
 from .options import Force, Json, MaxPartSize
+from .validators import require
 
 app = typer.Typer(
     name="export",
@@ -217,6 +218,8 @@ def fp8(
         raise UserError("--verify-sequences, --verify-tokens and --workers must be at least 1")
     if max_kl is not None and not max_kl >= 0:
         raise UserError(f"--max-kl {max_kl}: must be a number >= 0")
+    if verify:
+        require("torch")  # the reference forward; refused before the export, not after it
     options = {"count": verify_sequences, "lengths": (min(12, verify_tokens), verify_tokens),
                "precision": verify_dtype, "dtype": verify_dtype}  # fmt: skip
     with byte_progress(f"export fp8 {src}", enabled=not as_json) as progress:

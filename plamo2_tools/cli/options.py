@@ -45,3 +45,20 @@ FORWARD_OPTION_HELP = "A choice of the model family's forward, KEY=VALUE (repeat
 ForwardOption = Annotated[
     list[str] | None, typer.Option("--option", metavar="KEY=VALUE", help=FORWARD_OPTION_HELP, show_default=False)
 ]
+PRESET_HELP = "A preset of any family, real shapes or tiny ones"
+
+
+def _option_help() -> str:
+    from ..model.registry import runtime_options_help
+
+    return f"{FORWARD_OPTION_HELP} {runtime_options_help()}."
+
+
+def _preset_help() -> str:
+    from ..model.registry import all_presets
+
+    return f"{PRESET_HELP}: {', '.join(all_presets())}."
+
+
+# Help filled in from the model registry on a help screen only (errors._forward_option_help).
+REGISTRY_HELP = {"--option": _option_help, "--preset": _preset_help}

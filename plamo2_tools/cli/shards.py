@@ -124,8 +124,9 @@ def check(
     path: Annotated[
         Path,
         typer.Argument(
+            metavar="PATH",
             help="A shard directory made by `plamo2-tools convert`, a GGUF file made by `export gguf`, "
-            "or an `export mlx` / `export fp8` directory."
+            "or an `export mlx` / `export fp8` directory.",
         ),
     ],
     source: Annotated[

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import os
 from pathlib import Path
@@ -9,6 +10,14 @@ from typing import Any
 
 from ..errors import EnvironmentLimitError, UserError
 from ..token_ids import check_token_ids
+
+
+def require(*modules: str) -> None:
+    """Refuse before any writing when an optional module a choice needs is not installed; the
+    command's error path names the extra that provides it (cli/errors.py EXTRAS)."""
+    for module in modules:
+        if importlib.util.find_spec(module) is None:
+            raise ModuleNotFoundError(f"No module named {module!r}", name=module)
 
 
 def int_list(text: str | None, what: str) -> list[int] | None:

@@ -273,9 +273,9 @@ def write_stable_results(aggregated: Path, stable: Path) -> None:
 
 
 def _build_model(runtime: Any, request: EvalRequest) -> Any:
-    from .plamo2_lm import Plamo2LM
+    from .plamo2_lm import PlamoLM
 
-    return Plamo2LM(
+    return PlamoLM(
         pretrained=request.shards, runtime=runtime, device=request.device, backend=request.backend,
         batch_size=request.batch_size, max_gen_toks=request.max_gen_toks, max_length=request.max_length,
         trust_remote_code=request.trust_remote_code,

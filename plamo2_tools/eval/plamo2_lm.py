@@ -1,4 +1,5 @@
-"""The lm-eval model ``plamo2``: lm-eval's request types answered by plamo2_tools' `Runtime`.
+"""The lm-eval model ``plamo`` (PLaMo 2 and PLaMo 3; ``plamo2``, its name before PLaMo 3, still
+works in lm-eval configs): lm-eval's request types answered by plamo2_tools' `Runtime`.
 
 Semantics are lm-eval's vLLM backend's (the PLaMo 2 reference numbers come from vLLM): BOS as the
 tokenizer config says and never twice, prefix token = BOS, greedy, stop strings = ``until`` + the
@@ -10,8 +11,8 @@ answers every request in lock-step and the model reports rank 0 of world size 1 
 the harness neither shards documents nor gathers; only the process with LOCAL_RANK 0 writes
 results (lm-eval's own TP pattern, docs/eval.md §3).
 
-Use it from Python (``Plamo2LM(runtime=rt)`` or ``Plamo2LM(pretrained=shard_dir)``) or through
-lm-eval's CLI as ``--model plamo2 --model_args pretrained=<shard dir>`` (see `lm_eval_cli`).
+Use it from Python (``PlamoLM(runtime=rt)`` or ``PlamoLM(pretrained=shard_dir)``) or through
+lm-eval's CLI as ``--model plamo --model_args pretrained=<shard dir>`` (see `lm_eval_cli`).
 """
 
 from __future__ import annotations
@@ -60,21 +61,21 @@ AUTO_SCORE_TOKENS = 16384
 TokenRequest = tuple[Any, list[int], list[int]]
 
 
-@register_model("plamo2")
-class Plamo2LM(TemplateLM):
-    """lm-eval model over a plamo2_tools shard directory (any TP x PP layout)."""
+@register_model("plamo", "plamo2")  # "plamo2": the name configs written before PLaMo 3 use
+class PlamoLM(TemplateLM):
+    """lm-eval model over a plamo2_tools shard directory of any family (any TP x PP layout)."""
 
     backend = "causal"
 
     @classmethod
-    def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None) -> Plamo2LM:
+    def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None) -> PlamoLM:
         """lm-eval's `--model_args` as a string (the Python API's form): the rule of `create_from_arg_obj`."""
         from lm_eval.utils import simple_parse_args_string
 
         return cls.create_from_arg_obj(simple_parse_args_string(arg_string), additional_config)
 
     @classmethod
-    def create_from_arg_obj(cls, arg_dict: dict[str, Any], additional_config: dict | None = None) -> Plamo2LM:
+    def create_from_arg_obj(cls, arg_dict: dict[str, Any], additional_config: dict | None = None) -> PlamoLM:
         """lm-eval's `--model_args` plus the settings its CLI adds (`device`, `batch_size`,
         `max_batch_size`).  lm-eval passes both as keywords, so a key in both (`device=cpu` in
         --model_args) was a TypeError.  The rule: what --model_args says wins; a different value

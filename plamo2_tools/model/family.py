@@ -55,8 +55,7 @@ class Variant:
     """A member of a family that differs in behaviour, not in tensors (e.g. PLaMo 2.1)."""
 
     name: str
-    description: str
-    differences: tuple[str, ...] = ()  # what differs from the family's base, for `inspect` and docs
+    description: str  # what differs from the family's base
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
 """The layout engine: how a family's tensor table becomes an HF inventory, per-rank shard tensors and
-value transforms (docs/architecture.md, "The tensor table").  Nothing here knows a model family;
+value transforms (docs/architecture.md, "A family").  Nothing here knows a model family;
 each family gives its table (`model/<family>/tensors.py`) and this module does the rest.
 
 An output tensor is described by *pieces* of one HF source tensor, concatenated along dim 0:

@@ -31,8 +31,6 @@ from .registry import all_presets, family_of, family_of_preset, hf_tensor_shapes
 if TYPE_CHECKING:  # the values come from torch's generators (reproducible bit for bit): imported when made
     import torch
 
-SPECIAL_TOKENS = ["<|plamo:unk|>", "<|plamo:bos|>", "<|plamo:eos|>", "<|plamo:pad|>", "<|plamo:op|>"]
-
 
 def preset_config(name: str, dtype: str | None = None) -> Any:
     """The typed config of a preset of any family (optionally with another torch_dtype)."""

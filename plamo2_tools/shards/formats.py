@@ -1,4 +1,4 @@
-"""The shard format's versions, one object each (docs/shard-format.md, "Versions").
+"""The shard format's versions, one object each (docs/shard-format.md, its table of versions).
 
 A version says where its manifest records digests, which hash algorithms it may name, how a
 file's digest is built, and what the layout of its time held.  Readers look a manifest's version
@@ -100,13 +100,6 @@ def combine_file_digest(header: bytes, tensor_digests: Sequence[str], algorithm:
 def _range_digest(fd: int, r: tuple[int, int], algorithm: str) -> str:
     h = new_hash(algorithm)
     hash_range(fd, r[0], r[1], [h])
-    return h.hexdigest()
-
-
-def bytes_digest(data: bytes, algorithm: str = HASH) -> str:
-    """A side file's digest (version 3): H of its bytes."""
-    h = new_hash(algorithm)
-    h.update(data)
     return h.hexdigest()
 
 

@@ -112,9 +112,6 @@ class PlamoEncoder:
             self._fill(parts, found)
         return list(chain.from_iterable(found))  # type: ignore[arg-type]
 
-    def encode_batch(self, texts: Iterable[str]) -> list[list[int]]:
-        return [self.encode(text) for text in texts]
-
     def _cuts(self, codes: np.ndarray) -> np.ndarray:
         """For each boundary between two characters: True where no candidate piece can span it.
 

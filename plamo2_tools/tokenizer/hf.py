@@ -27,7 +27,10 @@ from pathlib import Path
 from shutil import copyfile
 from typing import Any
 
-from transformers import PreTrainedTokenizer
+# The base install has no PyTorch by design (pyproject.toml): transformers' import-time advice that
+# "PyTorch was not found" would be a stray stderr line of every `tokenize` there.
+os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+from transformers import PreTrainedTokenizer  # noqa: E402
 
 from ..errors import Plamo2Error
 from ..jsonio import read_json

@@ -40,8 +40,6 @@ BOUNDARY_CHAR = "\uee00"
 BOUNDARY_TOKEN_ID = 10_000_000
 _INT32 = 2**31
 
-TYPES = ("NORMAL", "CONTROL", "UNKNOWN", "BYTE")
-
 
 @dataclass
 class VocabTables:

@@ -13,7 +13,7 @@ import pytest
 from eval_helpers import MINI_GSM8K, SpyRuntime
 
 from plamo2_tools.eval.gsm8k_task import Gsm8kData, load_gsm8k_data
-from plamo2_tools.eval.plamo2_lm import Plamo2LM
+from plamo2_tools.eval.plamo2_lm import PlamoLM
 from plamo2_tools.runtime.serving.engine import Runtime
 
 
@@ -34,16 +34,16 @@ def runtime(runtimes: dict[str, Runtime]) -> Runtime:
     return runtimes["tp1pp1"]
 
 
-MakeLM = Callable[..., Plamo2LM]
+MakeLM = Callable[..., PlamoLM]
 
 
 @pytest.fixture(scope="session")
 def make_lm(runtimes: dict[str, Runtime], shard_dirs: dict[str, Path]) -> MakeLM:
-    """Plamo2LM over a shared runtime; keyword arguments go to the constructor."""
+    """PlamoLM over a shared runtime; keyword arguments go to the constructor."""
 
-    def make(layout: str = "tp1pp1", runtime: Any = None, **kwargs: Any) -> Plamo2LM:
+    def make(layout: str = "tp1pp1", runtime: Any = None, **kwargs: Any) -> PlamoLM:
         rt = runtime if runtime is not None else runtimes[layout]
-        return Plamo2LM(pretrained=str(shard_dirs[layout]), runtime=rt, **kwargs)
+        return PlamoLM(pretrained=str(shard_dirs[layout]), runtime=rt, **kwargs)
 
     return make
 

@@ -450,11 +450,11 @@ def test_lm_eval_model_args_carry_the_family_option(toy_layouts: tuple[Path, Pat
     """lm-eval's `--model_args ...,decay=0.25` reaches the runtime and its record (eval/ names no
     family option); a value the family does not offer is refused."""
     from plamo2_tools.errors import UserError
-    from plamo2_tools.eval.plamo2_lm import Plamo2LM
+    from plamo2_tools.eval.plamo2_lm import PlamoLM
 
     _, _, single = toy_layouts
-    lm = Plamo2LM.create_from_arg_string(f"pretrained={single},backend=torch,decay=0.25")
+    lm = PlamoLM.create_from_arg_string(f"pretrained={single},backend=torch,decay=0.25")
     assert lm.runtime.forward_options == {"decay": "0.25"}
     assert lm.get_model_info()["forward_options"] == {"decay": "0.25"}
     with pytest.raises(UserError, match="decay '0.3' is not one of"):
-        Plamo2LM.create_from_arg_string(f"pretrained={single},backend=torch,decay=0.3")
+        PlamoLM.create_from_arg_string(f"pretrained={single},backend=torch,decay=0.3")

@@ -1,10 +1,10 @@
 """Which token ids end a generation when a checkpoint's files disagree (issue 34, class 6).
 
-The rule (docs/eval.md "stop ids", docs/serve.md; vLLM's): the tokenizer's `eos_token_id`, then `eos_token_id`
+The rule (docs/eval.md §3, "stop ids"; docs/serve.md; vLLM's): the tokenizer's `eos_token_id`, then `eos_token_id`
 of generation_config.json; config.json's only when there is no generation_config.json.  Here the three files name
 three different ids, so a reader that takes one from the wrong file, or from both, or in another order, gives
 another tuple, and through the real commands another answer: `generate` (CLI, in-process), the online loop the
-server and batch files run, lm-eval's `Plamo2LM` (the eval code path reads `stop_token_ids` too).
+server and batch files run, lm-eval's `PlamoLM` (the eval code path reads `stop_token_ids` too).
 
 The oracle is the rule written as data (which file's id, in which order), and for the end-to-end answer a free
 run of the same greedy generation with no EOS at all, cut by hand at the first id the rule names.  Seen red on
@@ -117,6 +117,6 @@ def test_every_command_stops_where_the_rule_says(cli, checkpoint, free_run, tmp_
             final = handle.result(120)
             assert handle.tokens == want and final.finish_reason == "stop" and final.stop_reason == tokens[j]
 
-        from plamo2_tools.eval.plamo2_lm import Plamo2LM
+        from plamo2_tools.eval.plamo2_lm import PlamoLM
 
-        assert Plamo2LM(pretrained=str(shards), runtime=rt).stop_ids == (TOKENIZER_EOS, tokens[j])
+        assert PlamoLM(pretrained=str(shards), runtime=rt).stop_ids == (TOKENIZER_EOS, tokens[j])

@@ -157,9 +157,9 @@ def test_report_with_wrong_typed_fields(run, one_line_error, checkpoint, work) -
 def test_model_args_repeating_lm_evals_own_keys(tiny_shards) -> None:
     """`lm-eval run --model plamo2 --model_args pretrained=...,device=cpu` passed `device` twice
     (a TypeError): --model_args wins."""
-    from plamo2_tools.eval.plamo2_lm import Plamo2LM
+    from plamo2_tools.eval.plamo2_lm import PlamoLM
 
-    lm = Plamo2LM.create_from_arg_string(
+    lm = PlamoLM.create_from_arg_string(
         f"pretrained={tiny_shards},device=cpu,batch_size=2", {"device": "cuda:0", "batch_size": 1}
     )
     assert lm.device_name == "cpu" and lm.batch_size == 2

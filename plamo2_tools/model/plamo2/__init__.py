@@ -18,8 +18,8 @@ from .presets import PRESETS, TINY_PRESETS
 
 PLAMO2_1 = Variant(
     "plamo2.1",
-    "PLaMo 2.1 (plamo-2.1-2b-cpt, plamo-2.1-8b-cpt, the language model of plamo-2.1-*-vl)",
-    ("RoPE base per layer: rope_theta on full_attention_idx layers, rope_local_theta on the others",),
+    "PLaMo 2.1 (plamo-2.1-2b-cpt, plamo-2.1-8b-cpt, the language model of plamo-2.1-*-vl): RoPE base per layer, "
+    "rope_theta on full_attention_idx layers, rope_local_theta on the others",
 )
 
 

@@ -54,7 +54,7 @@ def _qkv(name: str, cfg: Plamo2Config, tp: int, r: int) -> tuple[Piece, ...]:
 
 def k_norm_pieces(name: str, cfg: Plamo2Config, tp: int, r: int) -> tuple[Piece, ...]:
     """k_norm follows the rank's KV head(s), replicated like them (vLLM's HF loader gets this
-    wrong for 1 < Hkv < tp; docs/model.md, "vLLM quirks")."""
+    wrong for 1 < Hkv < tp; docs/model.md §5)."""
     kv = kv_heads_of_rank(cfg.num_key_value_heads, tp, r)
     return (rows(name, kv.start, len(kv)),)
 

@@ -49,8 +49,7 @@ class Plamo3Family(Family):
     tokenizer_flavour = "plamo3"
 
     def variant(self, cfg: Plamo3Config) -> Variant:
-        yarn = cfg.rope_full.is_yarn
-        return Variant("plamo3", self.description, ("YaRN on the full-attention layers",) if yarn else ())
+        return Variant("plamo3", self.description)
 
     def summary(self, cfg: Plamo3Config) -> dict[str, Any]:
         return {

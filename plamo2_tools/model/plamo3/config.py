@@ -122,7 +122,7 @@ class Plamo3Config(PlamoConfig):
 
     def window_keys(self, layer: int, convention: str) -> int | None:
         """Keys a query of this layer sees besides itself (None = full causal): HF's convention
-        sees the query and W keys before it, vLLM's W keys in all (docs/plamo3.md, "The window")."""
+        sees the query and W keys before it, vLLM's W keys in all (docs/plamo3.md §4.3)."""
         if self.is_full(layer):
             return None
         return self.window_size if convention == "hf" else self.window_size - 1

@@ -1,5 +1,5 @@
 """PLaMo 3's synth presets: the real geometries as far as they are public, and tiny ones that make
-bugs visible (docs/plamo3.md, "Known configurations").
+bugs visible (docs/plamo3.md §7).
 
 pfnet/plamo-3-nict-8b-base: 32 layers (28 sliding + 4 full, pattern 8) and vocabulary 107,520 are
 published; hidden 4096, 32 q / 4 KV heads of 128 and intermediate 16,384 are derived from its exact
