@@ -35,7 +35,7 @@ from tqdm import tqdm
 
 from .. import timeline
 from ..dtypes import dtype_name
-from ..errors import UserError
+from ..errors import Plamo2Error, UserError
 from ..kernels.devices import check_backend, check_device
 from ..runtime.serving.engine import Runtime, load_tokenizer
 from ..version import __version__
@@ -61,6 +61,20 @@ AUTO_SCORE_TOKENS = 16384
 TokenRequest = tuple[Any, list[int], list[int]]
 
 
+def _family_option_names(pretrained: Any) -> set[str]:
+    """The forward options the family of a shard directory declares (none when it is not one: the
+    model's own load then says why in one line)."""
+    from ..shards.manifest import load_manifest
+
+    if pretrained is None:
+        return set()
+    try:
+        family = load_manifest(pretrained).family
+    except (Plamo2Error, OSError):
+        return set()
+    return {o.name for o in family.runtime_options}
+
+
 @register_model("plamo", "plamo2")  # "plamo2": the name configs written before PLaMo 3 use
 class PlamoLM(TemplateLM):
     """lm-eval model over a plamo2_tools shard directory of any family (any TP x PP layout)."""
@@ -83,7 +97,11 @@ class PlamoLM(TemplateLM):
         itself and calls this one, not `create_from_arg_string` (issue 28: still exit 70 there).
         A key the model does not take is one line, not a TypeError."""
         args = dict(arg_dict)
-        known = set(inspect.signature(cls.__init__).parameters) - {"self", "runtime"}
+        params = inspect.signature(cls.__init__).parameters
+        known = {k for k, p in params.items() if p.kind is not p.VAR_KEYWORD} - {"self", "runtime"}
+        # Any other key is a choice of the model family's forward (**forward_options), when the
+        # family of `pretrained` declares it; the family checks its value when the shards load.
+        known |= _family_option_names(args.get("pretrained"))
         unknown = sorted(set(args) - known)
         if unknown:
             raise UserError(f"--model_args: the plamo2 model takes no {', '.join(unknown)} "
