@@ -31,7 +31,7 @@ _HOMES = {
     "verify": ".api",
     "eval": ".api",
     "Score": ".api",
-    "Runtime": ".runtime.serving.engine",
+    "Runtime": ".runtime.batching.engine",
     # Being written on other branches (issue 30 and 31): `export` (GGUF, MLX, FP8: plamo2_tools/export/)
     # and the deployment verify (`verify TARGET`: plamo2_tools/deploy/) get their lines here when they land.
 }

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .convert.engine import ConvertResult
     from .eval.harness import EvalOutcome
-    from .runtime.serving.engine import Runtime
+    from .runtime.batching.engine import Runtime
     from .shards.check import CheckReport
 
 Prompt = str | Sequence[int]  # text (tokenized with the model's tokenizer, BOS as its config says) or token ids
@@ -38,7 +38,7 @@ def load(shards: str | Path, device: str = "cpu", backend: str = "auto", options
     arguments (prefill_chunk, cuda_graph, verify_files, memory_budget, ...).  Close it (or use
     `with`) to free the model."""
     from .kernels.devices import check_backend, check_device
-    from .runtime.serving.engine import Runtime
+    from .runtime.batching.engine import Runtime
 
     check_device(device)
     check_backend(backend, device)
@@ -50,7 +50,7 @@ def generate(runtime: Runtime, prompt: Prompt | Sequence[Prompt], max_new_tokens
     """The text `runtime` continues `prompt` with (greedy at temperature 0), ending at the
     checkpoint's EOS (not shown) or after `max_new_tokens`; several prompts run together
     through continuous batching (`max_batch` at once) and give a list."""
-    from .runtime.serving.text import decode_kept_specials, stop_token_ids
+    from .runtime.batching.text import decode_kept_specials, stop_token_ids
 
     single = isinstance(prompt, str) or (len(prompt) > 0 and isinstance(prompt[0], int))
     prompts: list[Prompt] = [prompt] if single else list(prompt)  # type: ignore[list-item]

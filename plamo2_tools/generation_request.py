@@ -1,5 +1,5 @@
 """One sequence to generate, as it crosses the engine seam: the one request type of the server's
-engine (serve/engine_api.py) and of the runtime's online loop (runtime/serving/online.py), and the
+engine (serve/engine_api.py) and of the runtime's online loop (runtime/batching/online.py), and the
 one place its limits against a model are written.
 
 A request is made once, from whatever asked for it (an HTTP body, a batch-file line, a test), with

@@ -21,8 +21,8 @@ from .errors import UserError, os_error
 from .kinds import VERIFY_KIND, VERIFY_SCHEMA_VERSION  # what `verify --json / --output` is
 from .model import hf_tensor_shapes
 from .model.checkpoint import HFCheckpoint
+from .runtime.batching.engine import Runtime, load_tokenizer
 from .runtime.process.jobs import run_job
-from .runtime.serving.engine import Runtime, load_tokenizer
 from .shards.integrity import verify_shard_files
 from .shards.manifest import load_manifest
 from .shards.owned import ensure_readable_checkpoint

@@ -47,7 +47,7 @@ def test_generate_and_score_are_the_runtimes(shards: Any) -> None:
     each of its tokens is the argmax.  Fails when an off-by-one shifts the scored positions (the
     logprobs then belong to other tokens) or the BOS / special-token handling changes."""
     from plamo2_tools import Score, generate, load, score
-    from plamo2_tools.runtime.serving.text import decode_kept_specials, stop_token_ids
+    from plamo2_tools.runtime.batching.text import decode_kept_specials, stop_token_ids
 
     with load(shards("tiny", 1, 1, seed=4), backend="torch") as rt:
         tok = rt.tokenizer

@@ -3,7 +3,7 @@ inside functions count too):
 
 * packages: the model home below everything but the foundation (and the tokenizer leaf), the shard
   format below its users, the converter imported only by the commands, no cycles between packages;
-* the runtime's three rooms: the rank below the serving loop below the processes;
+* the runtime's three rooms: the rank below the batching loop below the processes;
 * the server (`serve/`) a consumer of the runtime, like eval: imported by the commands alone, its
   HTTP layer apart from the runtime (only the engine, batch and service modules load it);
 * the result kinds (`kinds.py`) a leaf, and the report standing on them and the foundation alone;
@@ -242,9 +242,9 @@ def test_no_cycles_between_packages() -> None:
     assert not cycles, {u: sorted(GRAPH[u]) for u in cycles}
 
 
-def test_the_runtime_rooms_stack_rank_serving_process() -> None:
-    """rank (the rank's weights and collectives) <- serving (the loop) <- process (launch, jobs)."""
-    order = ["rank", "serving", "process"]
+def test_the_runtime_rooms_stack_rank_batching_process() -> None:
+    """rank (the rank's weights and collectives) <- batching (the loop) <- process (launch, jobs)."""
+    order = ["rank", "batching", "process"]
     for m, deps in FILES.items():
         parts = m.split(".")
         if parts[:2] != ["plamo2_tools", "runtime"] or len(parts) < 4:

@@ -28,10 +28,13 @@ ALLOWED = {
     "plamo2_tools.eval.plamo2_lm.PlamoLM.tokenizer_name",  # lm-eval's TemplateLM reads it (chat templates)
     "plamo2_tools.tokenizer.hf.PlamoTokenizerNative.token_to_score",  # PFN's Plamo2Tokenizer has it: same interface
     "plamo2_tools.model.mlx.Difference.from_position",  # set positionally, read by vars() into the export record
+    # the warm-up of every prefill specialization; tests/serve/test_warm_shapes.py proves its claim, the
+    # server does not call it until its start-up cost is measured on a GPU (docs/serve.md, "Compiles after warm-up")
+    "plamo2_tools.runtime.batching.warm.warm_prefill",
     "plamo2_tools.serve.protocol.ModelCard.owned_by",  # a field of OpenAI's /v1/models, serialised by pydantic
     "plamo2_tools.serve.server._GracefulServer.capture_signals",  # overrides uvicorn.Server's
-    "plamo2_tools.runtime.serving.scheduler.ChunkStop",  # the Protocol that documents `first_hit` (read by getattr)
-    "plamo2_tools.runtime.serving.generation.LoopStats.prefill_chunks",  # summed by LoopStats.add over vars()
+    "plamo2_tools.runtime.batching.scheduler.ChunkStop",  # the Protocol that documents `first_hit` (read by getattr)
+    "plamo2_tools.runtime.batching.generation.LoopStats.prefill_chunks",  # summed by LoopStats.add over vars()
 }
 
 

@@ -55,7 +55,7 @@ def logits(
 
         check_tokens(ids, load_manifest(path).config, 0, "--input-ids")
         check_runtime_options(device, backend)
-        from ..runtime.serving.engine import load_engine
+        from ..runtime.batching.engine import load_engine
 
         with load_engine(path, device=device, backend=backend, verify_files=not no_verify,
                          forward_options=options) as engine:  # fmt: skip
@@ -243,7 +243,7 @@ def _verify_prompts(ref: Any, prompts: Path | None, gsm8k_like: bool, random: in
         return prompts_from_file(prompts, ref.path), str(prompts)
     if gsm8k_like:
         from ..deploy.prompts import GSM8K_LIKE
-        from ..runtime.serving.engine import load_tokenizer
+        from ..runtime.batching.engine import load_tokenizer
 
         tok = load_tokenizer(ref.path)
         return [list(tok(p)["input_ids"]) for p in GSM8K_LIKE], "gsm8k-like (built in)"
@@ -362,8 +362,8 @@ def generate_prompt(prompt: str, sampling: dict[str, Any], run: dict[str, Any], 
     if not ids:
         raise UserError("--prompt: the prompt has no tokens")
     check_tokens(ids, cfg, max_new_tokens, "--prompt")
-    from ..runtime.serving.engine import Runtime
-    from ..runtime.serving.text import TextStream, decode_kept_specials, stop_token_ids
+    from ..runtime.batching.engine import Runtime
+    from ..runtime.batching.text import TextStream, decode_kept_specials, stop_token_ids
 
     # Streamed text is its own progress on a terminal; a bar when nothing streams there (rank 0's only).
     show = (as_json or not sys.stdout.isatty()) and os.environ.get("RANK", "0") == "0"
@@ -415,7 +415,7 @@ def generate_file(input_file: Path, output: Path | None, strict: bool, max_batch
     manifest = load_manifest(run["shards"])
     from contextlib import nullcontext
 
-    from ..runtime.serving.engine import Runtime
+    from ..runtime.batching.engine import Runtime
     from ..serve.batch import ResultsFile, run_batch, run_header
 
     main = os.environ.get("RANK", "0") == "0"

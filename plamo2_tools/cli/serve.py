@@ -86,7 +86,7 @@ def serve(
     if launch:
         serve_on_torchrun(run, args, api_key)
         return
-    from ..runtime.serving.engine import Runtime
+    from ..runtime.batching.engine import Runtime
     from ..serve.service import serve_job
 
     sock = bind(host, port) if _is_rank0() else None

@@ -62,8 +62,8 @@ def warmup(
         check_output_dir(tuned_out, "--tuned-out")
     load_manifest(shards)  # a finished shard directory, or one line now
     run = runtime_args(shards, device, backend, option, no_verify)
-    from ..runtime.serving.engine import Runtime
-    from ..runtime.serving.warmup import plan_for, warm, write_tuned_table
+    from ..runtime.batching.engine import Runtime
+    from ..runtime.batching.warmup import plan_for, warm, write_tuned_table
 
     with Runtime(**run) as rt:
         plan = plan_for(rt, batch, capacity, max_prompt_tokens, chosen)
@@ -86,6 +86,6 @@ def warmup(
 
 
 def _decode_steps(slots: int) -> int:
-    from ..runtime.serving.graphs import buckets
+    from ..runtime.batching.graphs import buckets
 
     return len(buckets(slots))

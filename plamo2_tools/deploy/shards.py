@@ -78,7 +78,7 @@ class ShardsTarget:
 
             return run_job(job, self.runtime, args, launch=True)
         if self._rt is None:
-            from ..runtime.serving.engine import Runtime
+            from ..runtime.batching.engine import Runtime
 
             self._rt = Runtime(**self.runtime, mode="auto")
         return job(self._rt, **args)
@@ -116,7 +116,7 @@ class ShardsTarget:
 
     def tokenize(self, text: str) -> list[int] | None:
         if self._tokenizer is None:
-            from ..runtime.serving.engine import load_tokenizer
+            from ..runtime.batching.engine import load_tokenizer
 
             self._tokenizer = load_tokenizer(Path(self.location))
         return list(self._tokenizer(text, add_special_tokens=False)["input_ids"])

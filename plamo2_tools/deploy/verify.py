@@ -129,7 +129,7 @@ def reference_tokenizer(path: Any) -> Any:
     """The reference checkpoint's tokenizer, or None when it has none (then no token texts and no
     parity check; text prompts are refused by their own reader)."""
     from ..errors import Plamo2Error
-    from ..runtime.serving.engine import load_tokenizer
+    from ..runtime.batching.engine import load_tokenizer
 
     try:
         return load_tokenizer(path)

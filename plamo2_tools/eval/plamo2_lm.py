@@ -37,7 +37,7 @@ from .. import timeline
 from ..dtypes import dtype_name
 from ..errors import Plamo2Error, UserError
 from ..kernels.devices import check_backend, check_device
-from ..runtime.serving.engine import Runtime, load_tokenizer
+from ..runtime.batching.engine import Runtime, load_tokenizer
 from ..version import __version__
 from .stop_rules import (
     DEFAULT_MAX_GEN_TOKS,
@@ -52,7 +52,7 @@ from .stop_rules import (
 log = logging.getLogger(__name__)
 
 # batch_size="auto" (the default): generation decodes as many sequences at once as the device's
-# memory holds (runtime/serving/memory.py, `Runtime.auto_batch_size`); loglikelihood batches are
+# memory holds (runtime/batching/memory.py, `Runtime.auto_batch_size`); loglikelihood batches are
 # also bounded by tokens, since a score holds float32 logits of every token.
 AUTO = "auto"
 AUTO_SCORE_TOKENS = 16384

@@ -5,7 +5,7 @@ where a generation stops (docs/eval.md §6), so these rules are copied rather th
 
 * stop strings = the task's ``until`` + the decoded EOS token (``handle_stop_sequences``);
 * the engine also stops on the EOS *ids*, by the one rule every command uses
-  (runtime/serving/text.py `stop_token_ids`);
+  (runtime/batching/text.py `stop_token_ids`);
 * the text is decoded with special tokens kept and no spaces between them; the text of a token that
   stopped generation by id is dropped (vLLM does not show it); the rest is cut at the earliest stop
   string (``postprocess_generated_text``);
@@ -21,7 +21,7 @@ from typing import Any
 from lm_eval.models.utils import handle_stop_sequences, normalize_gen_kwargs, postprocess_generated_text
 
 from ..errors import UserError
-from ..runtime.serving.text import Decode, StopStringWatcher, decode_kept_specials, stop_token_ids
+from ..runtime.batching.text import Decode, StopStringWatcher, decode_kept_specials, stop_token_ids
 
 __all__ = ["DEFAULT_MAX_GEN_TOKS", "GenSettings", "StopStringWatcher", "decode_kept_specials", "finish_text",
            "gen_settings", "stop_token_ids"]  # fmt: skip

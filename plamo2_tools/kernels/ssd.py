@@ -328,7 +328,7 @@ def _state_tiles(device: torch.device, P: int, N: int, programs: int) -> tuple[i
     if device.type != "cuda":
         return bp, bn
     # By the programs' power-of-two bucket (as BLOCK_S is), so the tiles, which are constexprs, change
-    # only where a warm-up of every bucket has compiled them (runtime/serving/warm.py).
+    # only where a warm-up of every bucket has compiled them (runtime/batching/warm.py).
     programs = triton.next_power_of_2(programs)
     # ~1.5 programs per SM: the pass is a chain of T / BLOCK_Q dependent steps, so one wave of
     # resident programs (2-3 fit per SM at ~170 registers) matters more than more, smaller tiles.
@@ -504,46 +504,6 @@ def auto_key_of(T: int, S: int, H: int, P: int, N: int, dtype: torch.dtype, no_z
     """The shape bucket `auto_choice` decides once for: the layer's dims and the powers of two above
     the forward's tokens and sequences."""
     return (H, P, N, dtype, no_z, no_init, triton.next_power_of_2(max(T, 1)), triton.next_power_of_2(S), device)
-
-
-def warm_choices(H: int, P: int, N: int, dtype: torch.dtype, device: torch.device, max_tokens: int, max_seqs: int,
-                 has_z: bool = True, has_init: bool = True) -> int:  # fmt: skip
-    """Decide now the (variant, Q) of every bucket a forward of at most `max_tokens` tokens in at most
-    `max_seqs` sequences can fall in (on a GPU: timed once per machine, then read from the tuning
-    cache), so that no serving forward stops to time one; returns the buckets visited.  Elsewhere
-    the buckets are only noted (compile_watch), as a launch there would note them."""
-    n = 0
-    tb = 1
-    while tb <= triton.next_power_of_2(max(max_tokens, 1)):
-        sb = 1
-        while sb <= min(triton.next_power_of_2(max(max_seqs, 1)), tb):
-            T, S = min(tb, max(max_tokens, 1)), min(sb, max_seqs)
-            if S <= T:
-                n += 1
-                if device.type == "cuda" and not _INTERPRET:
-                    auto_choice(_synthetic_args(T, S, H, P, N, dtype, device, has_z, has_init))
-                else:
-                    key = auto_key_of(T, S, H, P, N, dtype, not has_z, not has_init, device)
-                    compile_watch.note("ssd_chunk_scan.choice", key[:-1])
-            sb *= 2
-        tb *= 2
-    return n
-
-
-def _synthetic_args(T: int, S: int, H: int, P: int, N: int, dtype: torch.dtype, device: torch.device, has_z: bool,
-                    has_init: bool) -> tuple:  # fmt: skip
-    """Inputs of one scan of these shapes (values that keep it finite: only its timing is wanted)."""
-    g = torch.Generator(device="cpu").manual_seed(0)
-
-    def rand(*shape: int, scale: float = 1.0) -> torch.Tensor:
-        return (torch.randn(*shape, generator=g) * scale).to(device=device, dtype=dtype)
-
-    lens = [T // S + (1 if i < T % S else 0) for i in range(S)]
-    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device=device)
-    A = -torch.rand(H, generator=g).to(device=device, dtype=torch.float32)
-    init = torch.zeros(S, H, P, N, device=device, dtype=torch.float32) if has_init else None
-    return (rand(T, H, P), rand(T, H, scale=0.1), A, rand(T, N), rand(T, N), rand(H), rand(T, H, P) if has_z else None,
-            rand(H, scale=0.1), cu, init)  # fmt: skip
 
 
 def _gpu_ms(fn, reps: int = 4) -> float:

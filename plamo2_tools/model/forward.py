@@ -1,6 +1,6 @@
 """What a family's rank forward is made of and what the runtime asks of it.
 
-The runtime (runtime/serving) drives a `RankModel`: one global rank's part of the model with
+The runtime (runtime/batching) drives a `RankModel`: one global rank's part of the model with
 exactly the tensors `convert` wrote for it (vLLM's per-rank state), run over packed batches.  A
 family builds one from its own layers (`Family.rank_model`); the blocks every PLaMo family shares
 live here: the vocab-parallel embedding and head, the four-norm decoder layer whose post-MLP

@@ -49,8 +49,8 @@ from pydantic import ValidationError
 from ..errors import CheckpointError, OutputExistsError, UserError, os_error
 from ..file_output import SingleFileOutput
 from ..jsonio import parse_json
-from ..runtime.serving.engine import Runtime
-from ..runtime.serving.online import DEFAULT_MAX_CONTEXT
+from ..runtime.batching.engine import Runtime
+from ..runtime.batching.online import DEFAULT_MAX_CONTEXT
 from ..safe_files import write_all
 from .engine_api import EngineError, ModelInfo, TokenEvent
 from .prompts import Prompt, Sampling, check_token_ids, fan_out, resolve_max_tokens

@@ -19,7 +19,7 @@ engine may queue whatever it is given.
 
 The engine owns everything that depends on the model or the tokenizer: sampling, stopping (EOS
 ids, stop strings, max_tokens) and the text.  It stops in its own scheduler so that a finished
-sequence's decode slot is freed at once; `runtime/serving/text.py:TextStream` implements the text
+sequence's decode slot is freed at once; `runtime/batching/text.py:TextStream` implements the text
 rules below (the one text stream of `generate`, batch files and the server).
 
 Threads

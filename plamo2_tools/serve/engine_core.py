@@ -27,8 +27,8 @@ from dataclasses import asdict
 from typing import Any
 
 from ..errors import UserError
-from ..runtime.serving.engine import Runtime
-from ..runtime.serving.online import Event, OnlineStats
+from ..runtime.batching.engine import Runtime
+from ..runtime.batching.online import Event, OnlineStats
 from .engine_api import EngineError, ModelInfo
 from .loop_engine import freeze_heap
 from .pipe import Message, Pipe, request_from

@@ -31,7 +31,7 @@ from dataclasses import fields
 from typing import Any
 
 from ..errors import Plamo2Error
-from ..runtime.serving.text import decode_kept_specials, load_text_tokenizer
+from ..runtime.batching.text import decode_kept_specials, load_text_tokenizer
 from . import API_KEY_ENV
 from .engine_api import EngineError, EngineStats, GenerationRequest, ModelInfo
 from .loop_engine import LoopEngine, LoopEvent, Scores, freeze_heap
@@ -159,10 +159,6 @@ class ProcessEngine(LoopEngine):
     def _resolve_stopped(self) -> None:
         if self.stopped is not None and not self.stopped.done():
             self.stopped.set_result(None)
-
-
-def scores_from(logprobs: Any, top_ids: Any, top_logprobs: Any) -> Scores:
-    return Scores(list(logprobs), [list(r) for r in top_ids], [list(r) for r in top_logprobs])
 
 
 # ---- the process --------------------------------------------------------------------------------------

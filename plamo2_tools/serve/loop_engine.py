@@ -12,7 +12,7 @@ Two engines build on it:
 This module never imports torch: what the loop sends is plain data (`LoopEvent` has the fields
 of the runtime's `online.Event`, `Scores` the numbers of its `TokenScores`).
 
-* **Text** by the runtime's rules (`runtime/serving/text.py`): `TextStream` over the generated
+* **Text** by the runtime's rules (`runtime/batching/text.py`): `TextStream` over the generated
   tokens (an EOS that ended the sequence adds none), cut at the earliest stop string; the same
   text `generate` and `eval` give.
 * **Logprobs** (generated tokens, and the prompt's with echo) in one scoring pass over prompt +
@@ -34,7 +34,7 @@ from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..runtime.serving.text import TextStream
+from ..runtime.batching.text import TextStream
 from .engine_api import (
     Candidate,
     EngineError,

@@ -1,5 +1,5 @@
 """The engine that serves PLaMo in this process: `loop_engine.LoopEngine` over the runtime's
-continuous-batching loop (`runtime/serving/online.py:OnlineLoop`) running as a thread here.
+continuous-batching loop (`runtime/batching/online.py:OnlineLoop`) running as a thread here.
 
 Batch files (`generate --input`) use it; `plamo2-tools serve` runs its loop in the model's process
 and HTTP in another (`engine_core` + `front`), unless `PLAMO2_SERVE_HTTP_PROCESS=0` asks for this
@@ -26,9 +26,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import UserError
-from ..runtime.serving.engine import Runtime, TokenScores
-from ..runtime.serving.online import Event, OnlineLoop
-from ..runtime.serving.text import chat_turn_ends, decode_kept_specials, max_piece_chars
+from ..runtime.batching.engine import Runtime, TokenScores
+from ..runtime.batching.online import Event, OnlineLoop
+from ..runtime.batching.text import chat_turn_ends, decode_kept_specials, max_piece_chars
 from .engine_api import EngineError, EngineStats, GenerationRequest, ModelInfo, RequestRejected
 from .loop_engine import LoopEngine, Scores, chat_template_of, freeze_heap, merged, text_or_none
 from .trace import TRACE_ENV

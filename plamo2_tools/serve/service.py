@@ -23,7 +23,7 @@ import time
 from typing import Any
 
 from ..errors import Plamo2Error, UserError
-from ..runtime.serving.engine import Runtime
+from ..runtime.batching.engine import Runtime
 from . import API_KEY_ENV
 from .engine_api import ModelInfo
 from .engine_core import EngineCore

@@ -42,7 +42,6 @@ STAGES = (
     "arrival", "parsed", "tokenized", "admitted", "submitted", "taken", "scheduled", "prefilled", "drained",
     "delivered", "written",
 )  # fmt: skip
-ENGINE_STAGES = frozenset({"taken", "scheduled", "prefilled", "drained"})
 
 
 class RequestTrace:

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from plamo2_tools.errors import EnvironmentLimitError, os_error
-from plamo2_tools.runtime.serving import engine
+from plamo2_tools.runtime.batching import engine
 
 
 def _raise(exc: BaseException):  # type: ignore[no-untyped-def]

@@ -38,20 +38,26 @@ runpy.run_module("plamo2_tools.cli", run_name="__main__")
 """
 
 
-def run(*args: object, stdin: str | None = None, base_only: bool = False) -> subprocess.CompletedProcess[str]:
+def run(
+    *args: object, stdin: str | None = None, base_only: bool = False, extra: tuple[str, ...] = ()
+) -> subprocess.CompletedProcess[str]:
     """One command in a fresh interpreter; `base_only`: one that sees only what `pip install
-    plamo2-tools` installs (`python -S`, the base install's packages linked into one directory)."""
-    env = {**os.environ, "PLAMO_TEST_SITE": str(base_site()) if base_only else "", "PLAMO_TEST_ROOT": str(ROOT)}
+    plamo2-tools` installs (`python -S`, the base install's packages linked into one directory),
+    plus the distributions named in `extra` (e.g. `gguf`, what `[gguf]` adds for writing)."""
+    site = str(base_site(extra)) if base_only else ""
+    env = {**os.environ, "PLAMO_TEST_SITE": site, "PLAMO_TEST_ROOT": str(ROOT)}
     cmd = [sys.executable, *(["-S"] if base_only else []), "-c", PROBE, *map(str, args)]
     r = subprocess.run(cmd, input=stdin, capture_output=True, text=True, env=env)
     assert "TORCH-LOADED=" in r.stderr, r.stderr[-2000:]
     return r
 
 
-def torch_free(*args: object, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+def torch_free(
+    *args: object, stdin: str | None = None, extra: tuple[str, ...] = ()
+) -> subprocess.CompletedProcess[str]:
     """Runs as in `pip install plamo2-tools` alone (torch is not there to load: a command that
     imports it fails with the one line that names the extra)."""
-    r = run(*args, stdin=stdin, base_only=True)
+    r = run(*args, stdin=stdin, base_only=True, extra=extra)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "TORCH-LOADED=0" in r.stderr, f"plamo2-tools {' '.join(map(str, args))} imported torch"
     return r
@@ -82,13 +88,13 @@ def base_dependencies() -> list[str]:
 
 
 @functools.cache
-def base_site() -> Path:
+def base_site(extra: tuple[str, ...] = ()) -> Path:
     """A directory holding links to exactly the installed files of the base install's distributions
     (their packages, modules, bundled libraries and metadata), as a fresh `pip install
     plamo2-tools` would lay them out; removed when the tests end."""
     site = Path(tempfile.mkdtemp(prefix="plamo2-base-site-"))
     atexit.register(shutil.rmtree, site, ignore_errors=True)
-    for name in base_closure(base_dependencies()):
+    for name in base_closure([*base_dependencies(), *extra]):
         dist = importlib.metadata.distribution(name)
         root = Path(dist.locate_file(""))
         for top in {Path(f).parts[0] for f in dist.files or () if not str(f).startswith("..")}:
@@ -145,4 +151,5 @@ def test_byte_moving_commands_never_import_torch(preset: str, checkpoint, tmp_pa
     torch_free("export", "fp8", src, tmp_path / "fp8", "--no-verify", "--json")  # verifying runs the model
     assert json.loads(ids.splitlines()[0])
     # export gguf moves bytes too (its verification runs the model: --no-verify here)
-    torch_free("export", "gguf", src, tmp_path / "m.gguf", "--type", "q8_0", "--no-verify", "--json")
+    # (with the `gguf` package of the [gguf] extra: the writer; llama.cpp is only for verifying)
+    torch_free("export", "gguf", src, tmp_path / "m.gguf", "--type", "q8_0", "--no-verify", "--json", extra=("gguf",))

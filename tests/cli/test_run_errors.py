@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from plamo2_tools import __version__
-from plamo2_tools.runtime.serving import engine
+from plamo2_tools.runtime.batching import engine
 
 MINI_GSM8K = Path(__file__).parents[1] / "eval" / "data" / "gsm8k_mini"
 EVAL = ("--tasks", "gsm8k", "--gsm8k-dir", MINI_GSM8K, "--allow-unverified-data", "--limit", "1",

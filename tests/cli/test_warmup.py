@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from plamo2_tools.runtime.serving import warmup
-from plamo2_tools.runtime.serving.engine import Runtime
+from plamo2_tools.runtime.batching import warmup
+from plamo2_tools.runtime.batching.engine import Runtime
 
 
 def test_prefill_buckets_by_the_rule() -> None:

@@ -24,7 +24,7 @@ from real_serve import CliServer
 
 from plamo2_tools.deploy.server import ServerTarget
 from plamo2_tools.model.synth import preset_config
-from plamo2_tools.runtime.serving.engine import Runtime
+from plamo2_tools.runtime.batching.engine import Runtime
 from plamo2_tools.verify import random_prompts
 
 KEY = "sesame-verify"

@@ -14,7 +14,7 @@ from eval_helpers import MINI_GSM8K, SpyRuntime
 
 from plamo2_tools.eval.gsm8k_task import Gsm8kData, load_gsm8k_data
 from plamo2_tools.eval.plamo2_lm import PlamoLM
-from plamo2_tools.runtime.serving.engine import Runtime
+from plamo2_tools.runtime.batching.engine import Runtime
 
 
 @pytest.fixture(scope="session")

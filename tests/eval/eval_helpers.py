@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from plamo2_tools.runtime.serving.engine import Generation, Runtime
+from plamo2_tools.runtime.batching.engine import Generation, Runtime
 
 MINI_GSM8K = Path(__file__).parent / "data" / "gsm8k_mini"  # self-written 6 train + 4 test problems
 

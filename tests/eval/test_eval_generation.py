@@ -14,7 +14,7 @@ from lm_eval.api.instance import Instance
 
 from plamo2_tools.errors import UserError
 from plamo2_tools.eval.stop_rules import StopStringWatcher, gen_settings
-from plamo2_tools.runtime.serving.engine import Runtime
+from plamo2_tools.runtime.batching.engine import Runtime
 
 PROMPT = "Question: Lena has 5 boxes of crayons. How many?\nAnswer:"
 

@@ -423,7 +423,7 @@ def test_the_family_state_kind_runs_through_slot_pools_and_the_memory_plan(
     the auto batch size from its own `bytes_per_sequence`.  Fails when the runtime copies only the
     tensors it knows (the running sum of a refilled slot would be another sequence's) or counts
     only KV bytes."""
-    from plamo2_tools.runtime.serving.engine import Runtime
+    from plamo2_tools.runtime.batching.engine import Runtime
     from plamo2_tools.verify import reference_outputs
 
     src, shards, single = toy_layouts

@@ -214,7 +214,7 @@ def test_reference_forward_past_the_original_context(yarn_checkpoint: Path) -> N
 
 def test_runtime_forward_past_the_original_context(yarn_checkpoint: Path, tmp_path: Path) -> None:
     from plamo2_tools.convert.engine import convert
-    from plamo2_tools.runtime.serving.engine import Runtime
+    from plamo2_tools.runtime.batching.engine import Runtime
 
     ids = long_prompt(yarn_checkpoint)
     want = independent(yarn_checkpoint, ids)

@@ -16,7 +16,7 @@ import time
 from typing import Any
 
 from plamo2_tools.generation_request import GenerationRequest
-from plamo2_tools.runtime.serving.online import Event, OnlineLoop
+from plamo2_tools.runtime.batching.online import Event, OnlineLoop
 
 REQUEST_KEYS = ("temperature", "top_p", "seed", "stream", "stop", "prompt_logprobs")
 

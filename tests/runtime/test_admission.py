@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from plamo2_tools.runtime.serving.engine import Runtime
-from plamo2_tools.runtime.serving.scheduler import Scheduler
+from plamo2_tools.runtime.batching.engine import Runtime
+from plamo2_tools.runtime.batching.scheduler import Scheduler
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""max_batch="auto": as many decode slots as a memory budget holds (runtime/serving/memory.py), with
+"""max_batch="auto": as many decode slots as a memory budget holds (runtime/batching/memory.py), with
 the budget passed explicitly so the answer is deterministic.  The per-slot bytes are counted here
 from the config, independently of the runtime's own state objects."""
 
@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from plamo2_tools.runtime.batching.engine import Runtime
+from plamo2_tools.runtime.batching.memory import AUTO_MAX_BATCH, plan_batch, runner_bytes
 from plamo2_tools.runtime.process.jobs import run_job
-from plamo2_tools.runtime.serving.engine import Runtime
-from plamo2_tools.runtime.serving.memory import AUTO_MAX_BATCH, plan_batch, runner_bytes
 
 F32 = 4
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from plamo2_tools.runtime.serving import generation
-from plamo2_tools.runtime.serving.engine import Runtime
-from plamo2_tools.runtime.serving.sampling import MODES, mode_of, request_key, select_rows, select_tokens, uniforms
-from plamo2_tools.runtime.serving.scheduler import Request, Scheduler
+from plamo2_tools.runtime.batching import generation
+from plamo2_tools.runtime.batching.engine import Runtime
+from plamo2_tools.runtime.batching.sampling import MODES, mode_of, request_key, select_rows, select_tokens, uniforms
+from plamo2_tools.runtime.batching.scheduler import Request, Scheduler
 
 LENGTHS = [3, 30, 9, 17, 1, 45]  # ragged, one single-token prompt
 LIMITS = [12, 4, 20, 1, 9, 15]  # answers of different lengths, one of a single token

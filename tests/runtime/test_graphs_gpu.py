@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from plamo2_tools.runtime.serving.engine import Runtime
-from plamo2_tools.runtime.serving.generation import PrefillGroup, make_requests
+from plamo2_tools.runtime.batching.engine import Runtime
+from plamo2_tools.runtime.batching.generation import PrefillGroup, make_requests
 
 pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():
@@ -117,7 +117,7 @@ def test_online_loop_with_graphs_equals_eager(gpu_shards) -> None:
     """Mixed greedy / sampled requests arriving while the loop runs: one graph per bucket and
     sampling mode on CUDA gives the tokens of the eager loop."""
     from plamo2_tools.generation_request import GenerationRequest
-    from plamo2_tools.runtime.serving.online import OnlineLoop
+    from plamo2_tools.runtime.batching.online import OnlineLoop
 
     results = []
     for graphs in (True, False):
@@ -138,8 +138,8 @@ def test_online_loop_with_graphs_equals_eager(gpu_shards) -> None:
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
 def test_tp2_graphs_on_nccl_ranks_equal_eager(shards) -> None:
+    from plamo2_tools.runtime.batching.generation import generate_job
     from plamo2_tools.runtime.process.launch import launch
-    from plamo2_tools.runtime.serving.generation import generate_job
 
     path = shards("tiny-gqa", 2, 1, dtype="bfloat16", seed=11)
     seqs = prompts(515, [4, 19, 33])

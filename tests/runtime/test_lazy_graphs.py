@@ -1,5 +1,5 @@
 """Decode graphs are captured only for the buckets a run meets, when it first meets them, and a
-capture while sequences run changes none of their tokens (issue 33, runtime/serving/graphs.py).
+capture while sequences run changes none of their tokens (issue 33, runtime/batching/graphs.py).
 
 CUDA graphs need a GPU.  Here a stand-in backend runs the step's body where a graph would replay
 it, with the same eager warm-up runs before each capture (`WARMUP_RUNS`) that write into the rows
@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 import torch
 
-from plamo2_tools.runtime.serving.engine import Runtime
-from plamo2_tools.runtime.serving.graphs import WARMUP_RUNS, DecodeRunner
+from plamo2_tools.runtime.batching.engine import Runtime
+from plamo2_tools.runtime.batching.graphs import WARMUP_RUNS, DecodeRunner
 
 LENGTHS = [3, 30, 9, 17, 1, 45, 12, 6]
 LIMITS = [12, 4, 20, 2, 9, 15, 30, 37]

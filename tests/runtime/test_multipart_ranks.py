@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from plamo2_tools.errors import CheckpointError
+from plamo2_tools.runtime.batching.generation import generate_job
 from plamo2_tools.runtime.process.jobs import run_job
-from plamo2_tools.runtime.serving.generation import generate_job
 
 MINI_GSM8K = Path(__file__).parents[1] / "eval" / "data" / "gsm8k_mini"
 EVAL = ("--tasks", "gsm8k", "--gsm8k-dir", MINI_GSM8K, "--allow-unverified-data", "--limit", "2",

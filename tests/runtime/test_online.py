@@ -1,4 +1,4 @@
-"""The online loop (runtime/serving/online.py): requests arriving mid-run, per-request sampling,
+"""The online loop (runtime/batching/online.py): requests arriving mid-run, per-request sampling,
 stop strings and prompt logprobs, cancellation, and the same answers on thread ranks and torchrun
 (gloo) ranks.  The oracle is `Runtime.generate` of each request alone: a request's tokens must not
 depend on what shares the batch or when it arrived."""
@@ -14,11 +14,11 @@ from online_script import request_of, scripted_session
 
 from plamo2_tools.errors import UserError
 from plamo2_tools.generation_request import GenerationRequest
+from plamo2_tools.runtime.batching.engine import Runtime
+from plamo2_tools.runtime.batching.online import OnlineLoop
+from plamo2_tools.runtime.batching.text import StopStringWatcher, decode_kept_specials
 from plamo2_tools.runtime.process.jobs import run_job
 from plamo2_tools.runtime.rank.comm import LocalWorld
-from plamo2_tools.runtime.serving.engine import Runtime
-from plamo2_tools.runtime.serving.online import OnlineLoop
-from plamo2_tools.runtime.serving.text import StopStringWatcher, decode_kept_specials
 
 HERE = Path(__file__).parent
 

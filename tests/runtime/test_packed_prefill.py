@@ -14,9 +14,9 @@ import torch
 
 from plamo2_tools.model.registry import family_of
 from plamo2_tools.model.synth import preset_config, random_tensor, write_checkpoint
+from plamo2_tools.runtime.batching.engine import Runtime
+from plamo2_tools.runtime.batching.generation import PrefillGroup, make_requests
 from plamo2_tools.runtime.rank.comm import LocalWorld
-from plamo2_tools.runtime.serving.engine import Runtime
-from plamo2_tools.runtime.serving.generation import PrefillGroup, make_requests
 
 
 @pytest.fixture(autouse=True)

@@ -11,8 +11,8 @@ import torch
 from plamo2_tools.model.plamo3 import FAMILY
 from plamo2_tools.model.registry import valid_layouts
 from plamo2_tools.model.synth import preset_config
+from plamo2_tools.runtime.batching.engine import Runtime
 from plamo2_tools.runtime.process.jobs import run_job
-from plamo2_tools.runtime.serving.engine import Runtime
 from plamo2_tools.verify import THRESHOLDS, compare, judge, random_prompts, reference_outputs, runtime_outputs
 
 STEPS = 24

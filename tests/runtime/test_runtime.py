@@ -9,8 +9,8 @@ import torch
 
 from plamo2_tools.model.registry import valid_layouts as layouts_of
 from plamo2_tools.model.synth import preset_config
+from plamo2_tools.runtime.batching.engine import Runtime
 from plamo2_tools.runtime.process.jobs import run_job
-from plamo2_tools.runtime.serving.engine import Runtime
 from plamo2_tools.verify import THRESHOLDS, compare, judge, runtime_outputs, verify
 
 GREEDY_STEPS = 32  # the reference fixture's continuation length (conftest.py)

@@ -15,7 +15,7 @@ import torch
 
 from plamo2_tools.model.registry import valid_layouts
 from plamo2_tools.model.synth import preset_config
-from plamo2_tools.runtime.serving.engine import Runtime
+from plamo2_tools.runtime.batching.engine import Runtime
 
 STEPS = 8  # greedy tokens compared per prompt (each one a full float64 forward of the independent model)
 MAX_REL_ERR = 1e-4  # the fp32 threshold of `verify` (runtime/verify.py THRESHOLDS)

@@ -28,7 +28,7 @@ STEPS = 4  # greedy decode steps: enough to pass through the state-update kernel
 CHILD = """
 import json, sys
 from pathlib import Path
-from plamo2_tools.runtime.serving.engine import Runtime
+from plamo2_tools.runtime.batching.engine import Runtime
 from plamo2_tools.verify import runtime_outputs
 from plamo2_tools.runtime.process.launch import save_result
 

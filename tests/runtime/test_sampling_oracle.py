@@ -1,6 +1,6 @@
 """Seeded sampling checked against a recomputation from (seed, request, step), not against itself.
 
-The documented rule (runtime/serving/sampling.py): request i of a call seeded with s draws its
+The documented rule (runtime/batching/sampling.py): request i of a call seeded with s draws its
 token at step k (the first token is step 0) as argmax(logits / T + g) over the vocabulary (the
 nucleus of mass top_p), g = -log(-log u), with u[v] a counter-based hash of (key(s, i), k, v).
 The hash is written here again from that description in plain Python integers (splitmix64), and
@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 import torch
 
-from plamo2_tools.runtime.serving import graphs
-from plamo2_tools.runtime.serving.engine import Runtime
+from plamo2_tools.runtime.batching import graphs
+from plamo2_tools.runtime.batching.engine import Runtime
 
 M64 = (1 << 64) - 1
 GOLDEN, MIX1, MIX2 = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB

@@ -4,7 +4,7 @@ on each request's own prompt and settings), so these tests watch the loop throug
 methods (each spy records, then calls the original): decode steps between two looks, which requests hold slots at
 each step, which ones are admitted and prefilled.
 
-The rule (scheduler.burst, docs/serving.md): after each look the loop runs at most `sync_every` decode steps,
+The rule (scheduler.burst, docs/batching.md): after each look the loop runs at most `sync_every` decode steps,
 no more than any live request still needs, and while requests wait, no more than until the first slot is freed by
 length, so that a waiting request is admitted as soon as a slot is free.  The expected bursts below are worked out
 by hand from that rule for tiny scenarios (each request's tokens: one from its prefill, the rest from decode
@@ -22,9 +22,9 @@ import pytest
 import torch
 from online_script import scripted_session
 
-from plamo2_tools.runtime.serving import generation
-from plamo2_tools.runtime.serving.engine import Runtime
-from plamo2_tools.runtime.serving.scheduler import Scheduler
+from plamo2_tools.runtime.batching import generation
+from plamo2_tools.runtime.batching.engine import Runtime
+from plamo2_tools.runtime.batching.scheduler import Scheduler
 
 
 class LoopSpy:

@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from plamo2_tools.eval.stop_rules import finish_text
-from plamo2_tools.runtime.serving.engine import Runtime
-from plamo2_tools.runtime.serving.text import StopStringWatcher, TextStream, cut_at_stop, decode_kept_specials
+from plamo2_tools.runtime.batching.engine import Runtime
+from plamo2_tools.runtime.batching.text import StopStringWatcher, TextStream, cut_at_stop, decode_kept_specials
 from plamo2_tools.tokenizer import load_native
 
 # Byte-fallback characters (👍, é) next to whole-character pieces, a repeated stop candidate.

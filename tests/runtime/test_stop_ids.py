@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from plamo2_tools.runtime.serving.engine import Runtime
-from plamo2_tools.runtime.serving.text import stop_token_ids
+from plamo2_tools.runtime.batching.engine import Runtime
+from plamo2_tools.runtime.batching.text import stop_token_ids
 from plamo2_tools.tokenizer import load_tokenizer
 
 TOKENIZER_EOS = 3  # tokenizer_config.json's eos_token set to <|plamo:pad|> (id 3) below
@@ -107,7 +107,7 @@ def test_every_command_stops_where_the_rule_says(cli, checkpoint, free_run, tmp_
 
     from online_script import request_of  # the loop's request type, whatever its name
 
-    from plamo2_tools.runtime.serving.online import OnlineLoop
+    from plamo2_tools.runtime.batching.online import OnlineLoop
 
     with Runtime(shards, backend="torch", mode="local") as rt:
         assert list(rt.tokenizer(PROMPT)["input_ids"]) == ids

@@ -1,4 +1,4 @@
-"""runtime/serving/text.py:TextStream, the one text stream of generate, the server and batch files:
+"""runtime/batching/text.py:TextStream, the one text stream of generate, the server and batch files:
 stop strings cut exactly, nothing taken back, whole characters only, against a full-decode oracle
 (tokens: a byte-level tokenizer with multi-token merges and characters split over byte tokens)."""
 
@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from plamo2_tools.runtime.serving.text import TextStream
+from plamo2_tools.runtime.batching.text import TextStream
 
 # A byte-level tokenizer: 0-2 specials, 3-258 the bytes, then merges (one of them a 2-byte character).
 BYTE0 = 3

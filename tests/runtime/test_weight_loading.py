@@ -18,8 +18,8 @@ import torch
 from safetensors import safe_open
 
 from plamo2_tools.errors import CheckpointError
+from plamo2_tools.runtime.batching.engine import Runtime
 from plamo2_tools.runtime.rank import weights
-from plamo2_tools.runtime.serving.engine import Runtime
 from plamo2_tools.safetensors_io import read_header
 from plamo2_tools.shards.integrity import verify_shard_files
 from plamo2_tools.shards.manifest import load_manifest

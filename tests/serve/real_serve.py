@@ -22,8 +22,8 @@ from typing import Any
 import httpx
 import openai
 
-from plamo2_tools.runtime.serving.engine import Runtime
-from plamo2_tools.runtime.serving.text import cut_at_stop, decode_kept_specials, stop_token_ids
+from plamo2_tools.runtime.batching.engine import Runtime
+from plamo2_tools.runtime.batching.text import cut_at_stop, decode_kept_specials, stop_token_ids
 
 ROOT = Path(__file__).resolve().parents[2]
 SERVING = re.compile(r"serving (\S+) on (http://[^\s,]+)")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 
-from plamo2_tools.runtime.serving import graphs
+from plamo2_tools.runtime.batching import graphs
 
 FAIL_FROM = int(sys.argv.pop(1))
 calls = [0]

@@ -27,7 +27,7 @@ import re
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
-from plamo2_tools.runtime.serving.text import TextStream
+from plamo2_tools.runtime.batching.text import TextStream
 from plamo2_tools.serve.engine_api import (
     Candidate,
     EngineBusy,

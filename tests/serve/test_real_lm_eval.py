@@ -13,7 +13,7 @@ from real_serve import CliServer
 
 from plamo2_tools.eval.gsm8k_task import load_gsm8k_data
 from plamo2_tools.eval.harness import EvalRequest, evaluate_model, run_eval
-from plamo2_tools.runtime.serving.engine import Runtime
+from plamo2_tools.runtime.batching.engine import Runtime
 
 pytestmark = pytest.mark.slow
 MINI_GSM8K = Path(__file__).parents[1] / "eval" / "data" / "gsm8k_mini"  # self-written, GSM8K's schema

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from plamo2_tools.runtime.serving.online import Event
+from plamo2_tools.runtime.batching.online import Event
 from plamo2_tools.serve.loop_engine import merged
 
 

@@ -22,15 +22,15 @@ from pathlib import Path
 
 import pytest
 
-from plamo2_tools.runtime.serving.warm import prefill_shapes, representatives
+from plamo2_tools.runtime.batching.warm import prefill_shapes, representatives
 
 MAX_TOKENS, MAX_SEQS = 16, 3
 
 CHILD = """
 import json, random, sys
 from plamo2_tools.kernels import compile_watch
-from plamo2_tools.runtime.serving.engine import Runtime
-from plamo2_tools.runtime.serving.warm import prefill_shapes, prompts_of
+from plamo2_tools.runtime.batching.engine import Runtime
+from plamo2_tools.runtime.batching.warm import prefill_shapes, prompts_of
 
 shards, max_tokens, max_seqs, probes = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), json.loads(sys.argv[4])
 out = {}

@@ -174,7 +174,7 @@ def test_decode_kept_is_transformers_decode_with_specials_kept(tokdir: Path) -> 
     """The runtime's fast path (issue 33) gives transformers' own text for vLLM's settings: random
     ids over the rows, the control tokens, an added special token and ids without a row.  Seen
     failing with clean-up on (`clean_up_tokenization_spaces=True` inside `decode_kept`)."""
-    from plamo2_tools.runtime.serving.text import decode_kept_specials
+    from plamo2_tools.runtime.batching.text import decode_kept_specials
 
     tok = load_native(tokdir)
     tok.add_tokens(["<extra>"], special_tokens=True)

@@ -58,7 +58,7 @@ def test_missing_directory_is_a_user_error(tmp_path: Path) -> None:
 
 
 def test_runtime_engine_delegates(ckpt: Path) -> None:
-    from plamo2_tools.runtime.serving.engine import load_tokenizer as engine_load
+    from plamo2_tools.runtime.batching.engine import load_tokenizer as engine_load
 
     assert isinstance(engine_load(ckpt), PlamoTokenizerNative)
 

@@ -253,7 +253,7 @@ def test_synth_writes_plamo3_tokenizers_for_plamo3_presets(synth3: Path, tmp_pat
 
 
 def test_tokenize_command_and_runtime_loader(cli, synth3: Path) -> None:
-    from plamo2_tools.runtime.serving.engine import load_tokenizer as engine_load
+    from plamo2_tools.runtime.batching.engine import load_tokenizer as engine_load
 
     tok = engine_load(synth3)  # what generate, eval and verify use
     assert isinstance(tok, PlamoTokenizerNative) and tok.plamo_family == "plamo3"

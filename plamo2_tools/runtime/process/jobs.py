@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 from ...errors import Plamo2Error
 from ...shards import load_manifest
 from ...shards.integrity import verify_shard_files
-from ..serving.engine import Runtime
+from ..batching.engine import Runtime
 from .launch import launch as launch_ranks
 from .launch import launch_service, resolve_job, save_result
 

@@ -1,4 +1,4 @@
-"""What every part of the serving loop shares about one rank: its forward (the family's
+"""What every part of the batching loop shares about one rank: its forward (the family's
 `RankModel`), its collectives, its device, how prompts are cut into forwards, and the three small
 services the loop needs from it: packed batches, fresh states, and the last stage's tensors on
 every rank.  `engine.RankEngine` builds on it; `generation` and `graphs` only need this."""

@@ -14,7 +14,7 @@ list of requests (`generate`) or for requests that arrive while it runs (`online
         drain the copies that are `sync_every` steps old: EOS ids and stop strings close
             requests (their slots are refilled next round); hand what changed to the callbacks
 
-The admission policy (docs/serving.md has the measurements behind it): a prefill forward is
+The admission policy (docs/batching.md has the measurements behind it): a prefill forward is
 efficient only when it is large (H200, plamo-2-1b: 111k tokens/s at 2,048 tokens, 188k at 32,768),
 while a few idle slots cost a large decode batch little (3.5 ms per step at 256 sequences, 1.5 ms
 at 64).  So freed slots are refilled when (a) nothing decodes, or (b) at least an eighth of the
