@@ -156,7 +156,7 @@ def evaluate(args: argparse.Namespace, shards: Path) -> dict[str, Any]:
     from plamo2_tools.eval.gsm8k_task import load_gsm8k_data
     from plamo2_tools.eval.harness import EvalRequest, evaluate_model
     from plamo2_tools.eval.plamo2_lm import PlamoLM
-    from plamo2_tools.runtime.serving.generation import LoopStats, PhaseTimer
+    from plamo2_tools.runtime.batching.generation import LoopStats, PhaseTimer
 
     with tempfile.TemporaryDirectory(prefix="plamo2-bench-gsm8k-") as tmp:
         folder = args.gsm8k_dir or synthetic_gsm8k(Path(tmp) / "data", args.synthetic_data)

@@ -112,8 +112,8 @@ class StandInRuntime:
 
     def generate(self, prompts: list[list[int]], max_new_tokens: Any, eos_token_ids: Any = (), stop: Any = None,
                  on_finish: Any = None, **kwargs: Any) -> Any:  # fmt: skip
-        from plamo2_tools.runtime.serving.engine import Generation
-        from plamo2_tools.runtime.serving.scheduler import first_stop
+        from plamo2_tools.runtime.batching.engine import Generation
+        from plamo2_tools.runtime.batching.scheduler import first_stop
 
         limits = [max_new_tokens] * len(prompts) if isinstance(max_new_tokens, int) else list(max_new_tokens)
         vocab = int(self.config.vocab_size)

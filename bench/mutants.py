@@ -54,11 +54,11 @@ SRC_CHECK = ("tests/convert/test_source_check.py",)
 CONVERT = ("tests/convert/test_source_check.py", "tests/convert/test_convert.py")
 INTEGRITY = "plamo2_tools/shards/integrity.py"
 LOCK = "plamo2_tools/output_lock.py"
-SCHED = "plamo2_tools/runtime/serving/scheduler.py"
-SAMPLING = "plamo2_tools/runtime/serving/sampling.py"
-GEN = "plamo2_tools/runtime/serving/generation.py"
-GRAPHS = "plamo2_tools/runtime/serving/graphs.py"
-TEXT = "plamo2_tools/runtime/serving/text.py"
+SCHED = "plamo2_tools/runtime/batching/scheduler.py"
+SAMPLING = "plamo2_tools/runtime/batching/sampling.py"
+GEN = "plamo2_tools/runtime/batching/generation.py"
+GRAPHS = "plamo2_tools/runtime/batching/graphs.py"
+TEXT = "plamo2_tools/runtime/batching/text.py"
 STOPS = "plamo2_tools/eval/stop_rules.py"
 ENC = "plamo2_tools/tokenizer/encoder.py"
 ERR = "plamo2_tools/errors.py"
@@ -1423,7 +1423,7 @@ mutant(
     "a cancelled waiting request is admitted, prefilled and holds a slot later",
 )
 
-TEXT_PY = "plamo2_tools/runtime/serving/text.py"
+TEXT_PY = "plamo2_tools/runtime/batching/text.py"
 T_EOS = ("tests/runtime/test_stop_ids.py",)
 mutant(
     "eos-config-json-too",

@@ -361,7 +361,7 @@ def in_process(args: argparse.Namespace, shards: Path, levels: list[tuple[int, l
 
     from plamo2_tools import Runtime
     from plamo2_tools.kernels import compile_watch
-    from plamo2_tools.runtime.serving.generation import PhaseTimer
+    from plamo2_tools.runtime.batching.generation import PhaseTimer
 
     out: dict[int, dict[str, Any]] = {}
     if args.device == "cpu":

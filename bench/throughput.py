@@ -162,7 +162,7 @@ def decode_tokens_per_s(rt: Any, batch: int, context: int, steps: int) -> dict[s
 def timed_prefill(rt: Any, prompts: list[list[int]], repeats: int = 3) -> dict[str, float]:
     """Median device time of the prefill forwards of one generate(prompts, 1) call (after a warm-up
     call of the same shape), and how many forwards it took."""
-    from plamo2_tools.runtime.serving.generation import PhaseTimer
+    from plamo2_tools.runtime.batching.generation import PhaseTimer
 
     eng = rt.engines[0]
     seconds, forwards = [], 0
@@ -231,7 +231,7 @@ def gsm8k_shaped(vocab: int, n: int, mean: int, seed: int = 0) -> tuple[list[lis
 
 def schedule_record(rt: Any, n: int, batch: int | str, mean: int, backend: str, mode: str) -> dict[str, Any]:
     """A GSM8K-shaped run through one generate call, split into phases (see the module doc)."""
-    from plamo2_tools.runtime.serving.generation import LoopStats, PhaseTimer
+    from plamo2_tools.runtime.batching.generation import LoopStats, PhaseTimer
 
     eng = rt.engines[0]
     prompts, answers = gsm8k_shaped(rt.config.vocab_size, n, mean)
