@@ -17,7 +17,6 @@ TOKENIZER = "plamo2_tools.tokenizer.hf.PlamoTokenizerNative."
 HOOKS = (
     "_convert_token_to_id",
     "_convert_id_to_token",
-    "get_vocab",
     "build_inputs_with_special_tokens",
     "save_vocabulary",
     "vocab_files_names",
