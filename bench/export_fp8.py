@@ -39,9 +39,12 @@ def runs(src: Path, work: Path, workers: int) -> list[tuple[str, list[str], Path
     return [
         ("cp -r", ["cp", "-r", str(src), str(copy)], copy),
         ("cp -r && sync", ["sh", "-c", f'cp -r "{src}" "{copy}" && sync'], copy),
-        (f"export fp8 --no-verify --workers {workers}",
-         [*CLI, "export", "fp8", str(src), str(export), "--no-verify", "--workers", str(workers), "--json"], export),
-    ]  # fmt: skip
+        (
+            f"export fp8 --no-verify --workers {workers}",
+            [*CLI, "export", "fp8", str(src), str(export), "--no-verify", "--workers", str(workers), "--json"],
+            export,
+        ),
+    ]
 
 
 def main() -> int:
@@ -81,9 +84,13 @@ def main() -> int:
 
     def summary(what: str) -> dict[str, Any]:
         rs = records[what]
-        return {"what": what, "seconds": statistics.median(r["wall_s"] for r in rs),
-                "peak_rss_bytes": max(r["peak_rss_bytes"] or 0 for r in rs), "bytes_written": rs[0]["bytes_written"],
-                "runs": rs}  # fmt: skip
+        return {
+            "what": what,
+            "seconds": statistics.median(r["wall_s"] for r in rs),
+            "peak_rss_bytes": max(r["peak_rss_bytes"] or 0 for r in rs),
+            "bytes_written": rs[0]["bytes_written"],
+            "runs": rs,
+        }
 
     cp = summary("cp -r")
     results = [summary(w) for w in records if w != "cp -r"]
@@ -100,7 +107,7 @@ def main() -> int:
             "machine": platform.machine(),
             "python": platform.python_version(),
             "load_average_start_end": load,
-        },  # fmt: skip
+        },
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
         "baseline": cp,
         "results": results,
@@ -108,8 +115,11 @@ def main() -> int:
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(result, indent=1) + "\n")
     for r in results:
-        print(f"{r['what']}: {r['seconds']:.1f} s = {r['ratio_vs_cp']:.2f}x cp -r ({cp['seconds']:.1f} s), "
-              f"peak RSS {r['peak_rss_bytes'] / 2**20:.0f} MiB", flush=True)  # fmt: skip
+        print(
+            f"{r['what']}: {r['seconds']:.1f} s = {r['ratio_vs_cp']:.2f}x cp -r ({cp['seconds']:.1f} s), "
+            f"peak RSS {r['peak_rss_bytes'] / 2**20:.0f} MiB",
+            flush=True,
+        )
     if not a.keep_source:
         shutil.rmtree(src, ignore_errors=True)
     return 0

@@ -103,8 +103,11 @@ def main() -> None:
     for preset in args.presets.split(","):
         src = args.work / preset
         if not (src / "config.json").is_file():
-            subprocess.run([*CLI, "synth", str(src), "--preset", preset, "--dtype", "bfloat16", "--force", "--json"],
-                           check=True, stdout=subprocess.DEVNULL)  # fmt: skip
+            subprocess.run(
+                [*CLI, "synth", str(src), "--preset", preset, "--dtype", "bfloat16", "--force", "--json"],
+                check=True,
+                stdout=subprocess.DEVNULL,
+            )
         entry: dict[str, Any] = {"source_bytes": du(src), "runs": {}}
         result["presets"][preset] = entry
         dst = args.work / f"{preset}.out"

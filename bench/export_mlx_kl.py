@@ -62,16 +62,26 @@ def main() -> None:
                 if "overrides" in spec and preset.startswith("tiny3"):
                     continue  # PLaMo 3 has no out_proj
                 dtype = float_dtype(spec["dtype"]) if "dtype" in spec else None
-                recipe = Recipe(bits=spec.get("bits"), mixed=spec.get("mixed", False), dtype=dtype,
-                                overrides=spec.get("overrides", {}))  # fmt: skip
+                recipe = Recipe(
+                    bits=spec.get("bits"),
+                    mixed=spec.get("mixed", False),
+                    dtype=dtype,
+                    overrides=spec.get("overrides", {}),
+                )
                 source = open_source(src)
                 try:
-                    record = export_mlx(source, source_side_files(source), Path(work) / f"{ckpt_name}-{name}", recipe,
-                                        verify=verifier(src, recipe, source.config))  # fmt: skip
+                    record = export_mlx(
+                        source,
+                        source_side_files(source),
+                        Path(work) / f"{ckpt_name}-{name}",
+                        recipe,
+                        verify=verifier(src, recipe, source.config),
+                    )
                 finally:
                     source.close()
-                record.update({"command": command, "checkpoint": f"{preset} {json.dumps(overrides)} seed 0",
-                               "recipe": spec})  # fmt: skip
+                record.update(
+                    {"command": command, "checkpoint": f"{preset} {json.dumps(overrides)} seed 0", "recipe": spec}
+                )
                 (args.out / f"{ckpt_name}-{name}.json").write_text(json.dumps(record, indent=2) + "\n")
                 v = record["verification"]
                 print(ckpt_name, name, v["summary"], flush=True)

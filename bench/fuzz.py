@@ -45,8 +45,13 @@ def campaign(name: str, seconds: float, bases, tally, seed: int) -> None:  # typ
     while time.monotonic() < stop:
 
         @with_seed(seed * 100_003 + run)
-        @settings(max_examples=BATCH, deadline=None, database=None, phases=[Phase.generate],
-                  suppress_health_check=list(HealthCheck))  # fmt: skip
+        @settings(
+            max_examples=BATCH,
+            deadline=None,
+            database=None,
+            phases=[Phase.generate],
+            suppress_health_check=list(HealthCheck),
+        )
         @given(st.data())
         def one(data: st.DataObject) -> None:
             scratch = Path(tempfile.mkdtemp(prefix="plamo2-fuzz-"))
@@ -93,7 +98,7 @@ def main() -> int:
                 "tried": tally.tried[name],
                 "outcomes": dict(tally.outcomes.get(name, {})),
                 "contract_broken": broken[name],
-            }  # fmt: skip
+            }
             for name in TARGETS
         },
         "failures": tally.failures,
@@ -104,8 +109,10 @@ def main() -> int:
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
-    print(f"{result['inputs']} inputs in {result['seconds']} s, contract broken {result['contract_broken']} times: "
-          f"{args.out}")  # fmt: skip
+    print(
+        f"{result['inputs']} inputs in {result['seconds']} s, contract broken {result['contract_broken']} times: "
+        f"{args.out}"
+    )
     return 1 if tally.failures else 0
 
 
@@ -119,8 +126,12 @@ def _git_commit() -> str | None:
 def _git_dirty() -> bool | None:
     """Whether the package or the fuzz targets had changes not in the commit (None: no git)."""
     try:
-        out = subprocess.run(["git", "status", "--porcelain", "plamo2_tools", "tests/security", "bench/fuzz.py"],
-                             cwd=ROOT, capture_output=True, text=True).stdout  # fmt: skip
+        out = subprocess.run(
+            ["git", "status", "--porcelain", "plamo2_tools", "tests/security", "bench/fuzz.py"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+        ).stdout
     except OSError:
         return None
     return bool(out.strip())

@@ -71,9 +71,14 @@ def main() -> None:
     work = args.work or Path(tempfile.mkdtemp(prefix="gguf-bench-"))
     work.mkdir(parents=True, exist_ok=True)
     src = work / "src"
-    result: dict[str, object] = {"kind": KIND, "schema_version": SCHEMA_VERSION, "preset": args.preset,
-                                 "type": args.type, "command": " ".join(["python", *sys.argv]),
-                                 "machine": {"cpus": os.cpu_count(), "platform": platform.platform()}}  # fmt: skip
+    result: dict[str, object] = {
+        "kind": KIND,
+        "schema_version": SCHEMA_VERSION,
+        "preset": args.preset,
+        "type": args.type,
+        "command": " ".join(["python", *sys.argv]),
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
+    }
     try:
         if not (src / "config.json").is_file():
             result["synth"] = timed([cli, "synth", str(src), "--preset", args.preset])
@@ -85,18 +90,31 @@ def main() -> None:
         result["cp"] = timed(["cp", *map(str, weights), str(copy)])
         shutil.rmtree(copy)
         ours, theirs = work / "ours.gguf", work / "theirs.gguf"
-        result["ours"] = timed([cli, "export", "gguf", str(src), str(ours), "--type", args.type, "--no-verify",
-                                "--json", "--force"])  # fmt: skip
+        result["ours"] = timed(
+            [cli, "export", "gguf", str(src), str(ours), "--type", args.type, "--no-verify", "--json", "--force"]
+        )
         result["output_bytes"] = ours.stat().st_size
         (work / "ours.gguf.plamo2-export.json").unlink(missing_ok=True)
         mine, my_keys = content(ours)
-        result["llama_cpp_convert"] = timed([sys.executable, str(TREE / "convert_hf_to_gguf.py"), str(src),
-                                             "--outfile", str(theirs), "--outtype", args.type])  # fmt: skip
+        result["llama_cpp_convert"] = timed(
+            [
+                sys.executable,
+                str(TREE / "convert_hf_to_gguf.py"),
+                str(src),
+                "--outfile",
+                str(theirs),
+                "--outtype",
+                args.type,
+            ]
+        )
         reference, keys = content(theirs)
         # A = -exp(A_log) may differ by an ulp (torch's exp; docs/convert.md): named, not hidden.
         differing = [n for n in reference if mine.get(n) != reference[n]]
-        result["same_content"] = {"tensors": len(reference), "keys_only_ours": sorted(my_keys - keys),
-                                  "tensors_differing": differing}  # fmt: skip
+        result["same_content"] = {
+            "tensors": len(reference),
+            "keys_only_ours": sorted(my_keys - keys),
+            "tensors_differing": differing,
+        }
         for key in ("ours", "llama_cpp_convert"):
             result[f"{key}_vs_cp"] = round(result[key]["seconds"] / result["cp"]["seconds"], 2)  # type: ignore[index]
     finally:

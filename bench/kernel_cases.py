@@ -669,8 +669,7 @@ def section_breakdown_ssd(run: Run) -> None:
             y_ref = ssd_mod.ssd_chunk_scan(*args, cu, None, chunk_size=Q, variant="sequential")[0]
 
             def rec(what: str, ms: float, err: float | None = None, **kw) -> None:
-                run.rec(section="explore", kernel="ssd_chunk_scan", what=what, ms=ms, rel_to_default=err,
-                        **shape, **kw)  # fmt: skip
+                run.rec(section="explore", kernel="ssd_chunk_scan", what=what, ms=ms, rel_to_default=err, **shape, **kw)
 
             try:
                 ws = ssd_mod._prepare(*args, cu, None, Q, True)
@@ -687,14 +686,17 @@ def section_breakdown_ssd(run: Run) -> None:
                 if EXPLORE and name == "1b" and T == 8192:  # extra output-kernel configs, each checked
                     saved = kern.configs
                     for m_, k_, p_, w_, st_ in EXTRA_OUT_CONFIGS:
-                        cfg = triton.Config({"BLOCK_M": m_, "BLOCK_K": k_, "BLOCK_P": p_}, num_warps=w_,
-                                            num_stages=st_)  # fmt: skip
+                        cfg = triton.Config({"BLOCK_M": m_, "BLOCK_K": k_, "BLOCK_P": p_}, num_warps=w_, num_stages=st_)
                         kern.configs, kern.cache = [cfg], {}
                         try:
                             ws.y.fill_(float("nan"))
                             ssd_mod._launch_output(ws)
-                            rec("output_config", quick(lambda: ssd_mod._launch_output(ws)), rel(ws.y, y_ref),
-                                config=str(cfg))  # fmt: skip
+                            rec(
+                                "output_config",
+                                quick(lambda: ssd_mod._launch_output(ws)),
+                                rel(ws.y, y_ref),
+                                config=str(cfg),
+                            )
                         except Exception as e:
                             rec("output_config", float("nan"), config=str(cfg), error=repr(e)[:300])
                     kern.configs, kern.cache = saved, {}
@@ -705,8 +707,13 @@ def section_breakdown_ssd(run: Run) -> None:
 
 
 # (BLOCK_M, BLOCK_K, BLOCK_P, warps, stages) tried beside the autotune list in the exploration.
-EXTRA_OUT_CONFIGS = [(64, 64, 128, 4, 1), (128, 64, 128, 8, 1), (32, 32, 128, 4, 2), (64, 32, 64, 4, 1),
-                     (128, 32, 128, 8, 1)]  # fmt: skip
+EXTRA_OUT_CONFIGS = [
+    (64, 64, 128, 4, 1),
+    (128, 64, 128, 8, 1),
+    (32, 32, 128, 4, 2),
+    (64, 32, 64, 4, 1),
+    (128, 32, 128, 8, 1),
+]
 if SMOKE:
     EXTRA_OUT_CONFIGS = [(32, 32, 32, 4, 1)]
 
@@ -727,9 +734,17 @@ def section_explore_ssu(run: Run) -> None:
                     continue
                 try:
                     ms = quick(lambda: triton_ops.ssd_state_update(state, *args, block_p=bp, num_warps=w))
-                    run.rec(section="explore", kernel="ssd_state_update", model=name, batch=Bsz,
-                            state_dtype=str(sdt), block_p=bp, warps=w, ms=ms,
-                            GBps=round(nbytes / ms / 1e6, 1))  # fmt: skip
+                    run.rec(
+                        section="explore",
+                        kernel="ssd_state_update",
+                        model=name,
+                        batch=Bsz,
+                        state_dtype=str(sdt),
+                        block_p=bp,
+                        warps=w,
+                        ms=ms,
+                        GBps=round(nbytes / ms / 1e6, 1),
+                    )
                 except Exception as e:
                     run.rec(section="explore", kernel="ssd_state_update", block_p=bp, warps=w, error=repr(e)[:300])
         run.write_summary()

@@ -39,8 +39,19 @@ SCHEMA_VERSION = 1
 
 
 def convert_cmd(args: argparse.Namespace, src: Path, out: Path) -> list[str]:
-    return [*CLI, "convert", str(src), str(out), "--tp", str(args.tp), "--pp", str(args.pp),
-            "--max-part-size", args.max_part_size, "--json"]  # fmt: skip
+    return [
+        *CLI,
+        "convert",
+        str(src),
+        str(out),
+        "--tp",
+        str(args.tp),
+        "--pp",
+        str(args.pp),
+        "--max-part-size",
+        args.max_part_size,
+        "--json",
+    ]
 
 
 def lock_holder(out: Path) -> int | None:
@@ -114,8 +125,9 @@ def identical(out: Path, clean: Path) -> tuple[bool, list[str]]:
     return not differ, [f"bytes differ: {n}" for n in differ]
 
 
-def trial(args: argparse.Namespace, rng: random.Random, index: int, src: Path, clean: Path, run: Path,
-          window: float) -> dict[str, Any]:  # fmt: skip
+def trial(
+    args: argparse.Namespace, rng: random.Random, index: int, src: Path, clean: Path, run: Path, window: float
+) -> dict[str, Any]:
     shutil.rmtree(run, ignore_errors=True)
     cmd = convert_cmd(args, src, run)
     kills = [run_and_kill(cmd, run, rng.uniform(0.0, 1.0), window)]
@@ -170,8 +182,11 @@ def main() -> int:
     for i in range(args.kills):
         trials.append(trial(args, rng, i, src, clean, run, window))
         t = trials[-1]
-        print(f"trial {i}: killed at {[k['fraction'] for k in t['kills']]} of the work -> {t['resume_status']}, "
-              f"{t['files_reused']} reused, identical={t['identical']}", file=sys.stderr)  # fmt: skip
+        print(
+            f"trial {i}: killed at {[k['fraction'] for k in t['kills']]} of the work -> {t['resume_status']}, "
+            f"{t['files_reused']} reused, identical={t['identical']}",
+            file=sys.stderr,
+        )
     shutil.rmtree(run, ignore_errors=True)
     files = sorted(os.listdir(clean))
     result = {
@@ -196,8 +211,11 @@ def main() -> int:
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"{result['interrupted_mid_way']}/{len(trials)} trials interrupted mid-way; all identical: "
-          f"{result['all_identical']}; wrote {args.out}", file=sys.stderr)  # fmt: skip
+    print(
+        f"{result['interrupted_mid_way']}/{len(trials)} trials interrupted mid-way; all identical: "
+        f"{result['all_identical']}; wrote {args.out}",
+        file=sys.stderr,
+    )
     return 0 if result["all_identical"] else 1
 
 

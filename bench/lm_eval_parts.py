@@ -110,8 +110,15 @@ class StandInRuntime:
     def auto_batch_size(self, capacity: int, memory_budget: int | None = None) -> Any:
         return type("Plan", (), {"slots": 1024, "to_dict": lambda self: {"slots": 1024}})()
 
-    def generate(self, prompts: list[list[int]], max_new_tokens: Any, eos_token_ids: Any = (), stop: Any = None,
-                 on_finish: Any = None, **kwargs: Any) -> Any:  # fmt: skip
+    def generate(
+        self,
+        prompts: list[list[int]],
+        max_new_tokens: Any,
+        eos_token_ids: Any = (),
+        stop: Any = None,
+        on_finish: Any = None,
+        **kwargs: Any,
+    ) -> Any:
         from plamo2_tools.runtime.batching.engine import Generation
         from plamo2_tools.runtime.batching.scheduler import first_stop
 
@@ -199,11 +206,19 @@ def main() -> None:
         )
         write_tokenizer(model_dir, cfg.vocab_size, flavour=family_of(cfg).tokenizer_flavour)
         runtime = StandInRuntime(model_dir, args.sync_every)
-        lm = plamo2_lm.Plamo2LM(runtime=runtime, pretrained=str(model_dir), batch_size=1024,
-                                max_gen_toks=args.max_gen_toks)  # fmt: skip
-        request = harness.EvalRequest(shards=str(model_dir), data=data.to_dict(), batch_size=1024, limit=args.limit,
-                                      num_fewshot=args.num_fewshot, max_gen_toks=args.max_gen_toks,
-                                      output_path=str(Path(tmp) / "out"), log_samples=True)  # fmt: skip
+        lm = plamo2_lm.Plamo2LM(
+            runtime=runtime, pretrained=str(model_dir), batch_size=1024, max_gen_toks=args.max_gen_toks
+        )
+        request = harness.EvalRequest(
+            shards=str(model_dir),
+            data=data.to_dict(),
+            batch_size=1024,
+            limit=args.limit,
+            num_fewshot=args.num_fewshot,
+            max_gen_toks=args.max_gen_toks,
+            output_path=str(Path(tmp) / "out"),
+            log_samples=True,
+        )
         profile = cProfile.Profile()
         t1, c1 = time.perf_counter(), time.thread_time()
         profile.enable()
@@ -218,18 +233,29 @@ def main() -> None:
     pstats.Stats(profile, stream=stream).sort_stats("tottime").print_stats(40)
     samples = outcome.samples.get("gsm8k", [])
     result = {
-        "kind": KIND, "schema_version": SCHEMA_VERSION,
+        "kind": KIND,
+        "schema_version": SCHEMA_VERSION,
         "command": " ".join([os.path.relpath(sys.argv[0]), *sys.argv[1:]]),
         "commit": os.environ.get("PLAMO2_BENCH_COMMIT"),
         "workarounds": [w for w in WORKAROUNDS if w not in args.without],
-        "documents": len(samples), "num_fewshot": args.num_fewshot, "max_gen_toks": args.max_gen_toks,
-        "tokenizer_preset": args.tokenizer_preset, "gsm8k_verified": data.verified,
-        "total_seconds": total, "total_cpu_seconds": total_cpu, "parts_seconds": parts, "parts_cpu_seconds": cpu,
+        "documents": len(samples),
+        "num_fewshot": args.num_fewshot,
+        "max_gen_toks": args.max_gen_toks,
+        "tokenizer_preset": args.tokenizer_preset,
+        "gsm8k_verified": data.verified,
+        "total_seconds": total,
+        "total_cpu_seconds": total_cpu,
+        "parts_seconds": parts,
+        "parts_cpu_seconds": cpu,
         "calls": dict(timers.calls),
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
-                    "loadavg": os.getloadavg()},
+        "machine": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            "loadavg": os.getloadavg(),
+        },
         "profile_top_tottime": stream.getvalue().splitlines()[:80],
-    }  # fmt: skip
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     for k, v in sorted(parts.items(), key=lambda kv: -kv[1]):

@@ -165,22 +165,40 @@ def main() -> None:
     summary = {}
     for kind, rs in runs.items():
         wall = statistics.median(r["wall_s"] for r in rs)
-        summary[kind] = {"wall_s_median": wall, "cpu_s_median": statistics.median(r["cpu_s"] for r in rs),
-                         "gb_per_s": total / wall / 1e9, "runs": rs}  # fmt: skip
+        summary[kind] = {
+            "wall_s_median": wall,
+            "cpu_s_median": statistics.median(r["cpu_s"] for r in rs),
+            "gb_per_s": total / wall / 1e9,
+            "runs": rs,
+        }
     result = {
-        "kind": KIND, "schema_version": SCHEMA_VERSION,
+        "kind": KIND,
+        "schema_version": SCHEMA_VERSION,
         "command": " ".join([os.path.relpath(sys.argv[0]), *sys.argv[1:]]),
-        "commit": os.environ.get("PLAMO2_BENCH_COMMIT") or git_commit(), "shards": str(args.shards), "bytes": total,
-        "files": len(paths), "format_version": m.format.version, "hash": m.hash, "device": args.device,
-        "cache": args.cache, "repeat": args.repeat,
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "torch": torch.__version__,
-                    "loadavg": os.getloadavg()},
+        "commit": os.environ.get("PLAMO2_BENCH_COMMIT") or git_commit(),
+        "shards": str(args.shards),
+        "bytes": total,
+        "files": len(paths),
+        "format_version": m.format.version,
+        "hash": m.hash,
+        "device": args.device,
+        "cache": args.cache,
+        "repeat": args.repeat,
+        "machine": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "torch": torch.__version__,
+            "loadavg": os.getloadavg(),
+        },
         "kinds": summary,
         "after_vs_before_wall": summary["after"]["wall_s_median"] / summary["before"]["wall_s_median"],
-        "after_vs_before_copied_wall": (summary["after"]["wall_s_median"] / summary["before_copied"]["wall_s_median"]
-                                        if "before_copied" in summary else None),
+        "after_vs_before_copied_wall": (
+            summary["after"]["wall_s_median"] / summary["before_copied"]["wall_s_median"]
+            if "before_copied" in summary
+            else None
+        ),
         "after_vs_read_wall": summary["after"]["wall_s_median"] / summary["read"]["wall_s_median"],
-    }  # fmt: skip
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     for kind, s in summary.items():

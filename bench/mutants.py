@@ -1108,8 +1108,15 @@ mutant(
     T_YARN,
     "the correction range counts half-turns: the ramp starts at other dimensions",
 )
-mutant("yarn-ramp-reversed", "yarn", ROPE3, "keep = 1.0 - ramp", "keep = ramp", T_YARN,
-       "high frequencies interpolated, low ones kept: the opposite of YaRN")  # fmt: skip
+mutant(
+    "yarn-ramp-reversed",
+    "yarn",
+    ROPE3,
+    "keep = 1.0 - ramp",
+    "keep = ramp",
+    T_YARN,
+    "high frequencies interpolated, low ones kept: the opposite of YaRN",
+)
 mutant(
     "yarn-betas-swapped",
     "yarn",
@@ -1146,8 +1153,15 @@ mutant(
     T_YARN,
     "interpolated frequencies multiplied by the factor instead of divided",
 )
-mutant("yarn-truncate-inverted", "yarn", ROPE3, "    if rope.truncate:", "    if not rope.truncate:", T_YARN,
-       "PFN's truncate=False rounded like vLLM's default")  # fmt: skip
+mutant(
+    "yarn-truncate-inverted",
+    "yarn",
+    ROPE3,
+    "    if rope.truncate:",
+    "    if not rope.truncate:",
+    T_YARN,
+    "PFN's truncate=False rounded like vLLM's default",
+)
 mutant(
     "yarn-clamp-half-head",
     "yarn",
@@ -1283,8 +1297,15 @@ mutant(
     T_JSON,
     "objects are no level at all: objects nested in objects pass any limit",
 )
-mutant("valid-json-off-by-one", "validators", JSONIO, "if depth(value) > max_depth:",
-       "if depth(value) > max_depth + 1:", T_JSON, "one level more than documented")  # fmt: skip
+mutant(
+    "valid-json-off-by-one",
+    "validators",
+    JSONIO,
+    "if depth(value) > max_depth:",
+    "if depth(value) > max_depth + 1:",
+    T_JSON,
+    "one level more than documented",
+)
 mutant(
     "valid-decode-bool",
     "validators",

@@ -106,14 +106,24 @@ CASES: dict[str, dict[str, Any]] = {
     # rope_theta and vLLM takes plamo3.py's "Transformers v4" branch (sliding layers: rope_local_theta).
     "v4-tied": {
         "flavor": "rc-older",
-        "config": {"window_size": 5, "sliding_window_pattern": 3, "rope_theta": 150000, "rope_local_theta": 10000,
-                   "tie_word_embeddings": True},
+        "config": {
+            "window_size": 5,
+            "sliding_window_pattern": 3,
+            "rope_theta": 150000,
+            "rope_local_theta": 10000,
+            "tie_word_embeddings": True,
+        },
     },
     # PFN's newest remote config (nested rope_parameters property), legacy spellings, untied head.
     "v4-legacy-untied": {
         "flavor": "rc-newest",
-        "config": {"sliding_window": 5, "sliding_window_pattern": 3, "rope_global_theta": 50000,
-                   "rope_local_theta": 20000, "tie_word_embeddings": False},
+        "config": {
+            "sliding_window": 5,
+            "sliding_window_pattern": 3,
+            "rope_global_theta": 50000,
+            "rope_local_theta": 20000,
+            "tie_word_embeddings": False,
+        },
     },
     # transformers-v5 keys in config.json itself.
     "v5-tied": {
@@ -131,8 +141,15 @@ CASES: dict[str, dict[str, Any]] = {
     # YaRN on the full layers: factor 4 over an original context of 16 positions (vLLM: 64 cached positions).
     "yarn-tied": {
         "flavor": "rc-newest",
-        "config": {"window_size": 5, "sliding_window_pattern": 3, "rope_theta": 150000, "rope_local_theta": 10000,
-                   "rope_scaling_factor": 4.0, "initial_context_length": 16, "tie_word_embeddings": True},
+        "config": {
+            "window_size": 5,
+            "sliding_window_pattern": 3,
+            "rope_theta": 150000,
+            "rope_local_theta": 10000,
+            "rope_scaling_factor": 4.0,
+            "initial_context_length": 16,
+            "tie_word_embeddings": True,
+        },
     },
     # Not run by default: a vLLM trap, not a PLaMo 3 checkpoint. Every layer full (pattern 1) with the newest remote
     # config, whose `sliding_window` property is window_size: layer_types has one kind, so vLLM sets the model-wide
@@ -142,11 +159,16 @@ CASES: dict[str, dict[str, Any]] = {
     "all-full-rc-newest-trap": {
         "flavor": "rc-newest",
         "default": False,
-        "config": {"window_size": 5, "sliding_window_pattern": 1, "rope_theta": 10000, "rope_local_theta": 10000,
-                   "tie_word_embeddings": True},
+        "config": {
+            "window_size": 5,
+            "sliding_window_pattern": 1,
+            "rope_theta": 10000,
+            "rope_local_theta": 10000,
+            "tie_word_embeddings": True,
+        },
         "oracle_config": {"sliding_window_pattern": 1000},
     },
-}  # fmt: skip
+}
 DEFAULT_CASES = [name for name, case in CASES.items() if case.get("default", True)]
 PROMPT_LEN = 23
 
@@ -417,8 +439,17 @@ def register_config(flavor: str) -> None:
             self.interleaved_sliding_window = [
                 None if t == "full_attention" else sliding_window for t in self.layer_types
             ]
-            for k in ("hidden_size", "num_hidden_layers", "rms_norm_eps", "num_attention_heads", "num_key_value_heads",
-                      "head_dim", "max_position_embeddings", "intermediate_size", "vocab_size"):  # fmt: skip
+            for k in (
+                "hidden_size",
+                "num_hidden_layers",
+                "rms_norm_eps",
+                "num_attention_heads",
+                "num_key_value_heads",
+                "head_dim",
+                "max_position_embeddings",
+                "intermediate_size",
+                "vocab_size",
+            ):
                 setattr(self, k, kwargs.pop(k))
             super().__init__(**kwargs)
             self.rope_parameters = rope_parameters
@@ -520,8 +551,9 @@ def expected_rank_state(config: dict[str, Any], w: dict[str, Any], tp: int, tp_r
     """What one (tp_rank, pp_rank) of vLLM 0.26 holds, by docs/plamo3.md section 5 (the per-rank rules)."""
     import torch
 
-    H, K, d, F, V = (config[k] for k in ("num_attention_heads", "num_key_value_heads", "head_dim",
-                                          "intermediate_size", "vocab_size"))  # fmt: skip
+    H, K, d, F, V = (
+        config[k] for k in ("num_attention_heads", "num_key_value_heads", "head_dim", "intermediate_size", "vocab_size")
+    )
     tied = config.get("tie_word_embeddings", True)
     full = expected_state(config, w)  # TP 1: offsets, padding rows, scales
     pad64 = -(-V // 64) * 64
@@ -645,11 +677,20 @@ def run_parallel_state(work: Path, names: list[str], layouts: list[tuple[int, in
                 if p.is_alive():
                     p.kill()  # only the ranks forked here, by their own pid
                     p.join()
-            ranks = [json.loads(f.read_text()) if f.exists() else {"error": "no result (died or timed out)"}
-                     for f in results]  # fmt: skip
+            ranks = [
+                json.loads(f.read_text()) if f.exists() else {"error": "no result (died or timed out)"} for f in results
+            ]
             bad = [r for r in ranks if "error" in r or r["mismatches"] or not all(r["has_embed_norm_head"])]
-            out.append({"case": name, "tp": tp, "pp": pp, "status": "fail" if bad else "pass",
-                        "wall_s": round(time.perf_counter() - t0, 1), "ranks": ranks})  # fmt: skip
+            out.append(
+                {
+                    "case": name,
+                    "tp": tp,
+                    "pp": pp,
+                    "status": "fail" if bad else "pass",
+                    "wall_s": round(time.perf_counter() - t0, 1),
+                    "ranks": ranks,
+                }
+            )
             r0 = ranks[0]
             why = "; " + (r0.get("error") or str(r0.get("mismatches"))[:300]) if bad else ""
             status = out[-1]["status"].upper()
@@ -670,8 +711,14 @@ def compare_state(ref: dict[str, Any], got: dict[str, Any]) -> list[dict[str, An
     for k in sorted(ref.keys() & got.keys()):
         a, b = ref[k], got[k]
         if a.dtype != b.dtype or a.shape != b.shape:
-            diffs.append({"key": k, "what": "dtype/shape", "expected": [str(a.dtype), list(a.shape)],
-                          "got": [str(b.dtype), list(b.shape)]})  # fmt: skip
+            diffs.append(
+                {
+                    "key": k,
+                    "what": "dtype/shape",
+                    "expected": [str(a.dtype), list(a.shape)],
+                    "got": [str(b.dtype), list(b.shape)],
+                }
+            )
         elif not torch.equal(a, b):
             diffs.append({"key": k, "what": "value", "max_abs_diff": float((a.double() - b.double()).abs().max())})
     return diffs
@@ -757,19 +804,21 @@ def rope_report(model: Any, vc: Any, oracle: Any, raw: dict[str, Any]) -> dict[s
                 controls[label] = float(
                     torch.cat(((cache[:, : d // 2] - c).abs(), (cache[:, d // 2 :] - s).abs())).max()
                 )
-        layers.append({
-            "layer": i,
-            "type": kind,
-            "plamo3_py_branch": branch,
-            "class": type(rot).__name__,
-            "base": float(rot.base),
-            "neox": bool(rot.is_neox_style),
-            "rotary_dim": int(rot.rotary_dim),
-            "cache_rows": n,
-            "mscale": float(getattr(rot, "mscale", 1.0)),
-            "max_abs_diff_vs_oracle": diff,
-            **({"oracle_variant_diffs": controls} if controls else {}),
-        })  # fmt: skip
+        layers.append(
+            {
+                "layer": i,
+                "type": kind,
+                "plamo3_py_branch": branch,
+                "class": type(rot).__name__,
+                "base": float(rot.base),
+                "neox": bool(rot.is_neox_style),
+                "rotary_dim": int(rot.rotary_dim),
+                "cache_rows": n,
+                "mscale": float(getattr(rot, "mscale", 1.0)),
+                "max_abs_diff_vs_oracle": diff,
+                **({"oracle_variant_diffs": controls} if controls else {}),
+            }
+        )
     return {"max_abs_diff": worst, "layers": layers}
 
 
@@ -909,8 +958,12 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 r = run_case(name, CASES[name], work, oracle, first=n == 0)
             except Exception as e:  # a vLLM refusal is a result, not a crash of the harness
-                r = {"case": name, "status": "fail", "problems": [f"{type(e).__name__}: {e}"],
-                     "traceback": traceback.format_exc()[-4000:]}  # fmt: skip
+                r = {
+                    "case": name,
+                    "status": "fail",
+                    "problems": [f"{type(e).__name__}: {e}"],
+                    "traceback": traceback.format_exc()[-4000:],
+                }
             results.append(r)
             lg = r.get("logits", {})
             print(

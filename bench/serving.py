@@ -96,10 +96,24 @@ def parse_variant(text: str) -> tuple[str, dict[str, str]]:
 
 # ---- the server ---------------------------------------------------------------------------------------
 class Server:
-    def __init__(self, shards: Path, args: argparse.Namespace, slots: int, context: int,
-                 env: dict[str, str] | None = None) -> None:  # fmt: skip
-        cmd = cli("serve", str(shards), "--port", "0", "--device", args.device, "--max-batch", str(slots),
-                  "--max-context", str(context), "--max-queue", str(slots), *args.server_arg)  # fmt: skip
+    def __init__(
+        self, shards: Path, args: argparse.Namespace, slots: int, context: int, env: dict[str, str] | None = None
+    ) -> None:
+        cmd = cli(
+            "serve",
+            str(shards),
+            "--port",
+            "0",
+            "--device",
+            args.device,
+            "--max-batch",
+            str(slots),
+            "--max-context",
+            str(context),
+            "--max-queue",
+            str(slots),
+            *args.server_arg,
+        )
         full = tree_env(**(env or {}))
         if args.device == "cpu":  # OpenMP threads spinning beside the client processes slow a CPU run many times
             full.setdefault("OMP_NUM_THREADS", "1")
@@ -213,8 +227,14 @@ async def stream_request(host: str, port: int, body: dict[str, Any]) -> dict[str
         writer.close()
 
 
-def client_process(host: str, port: int, work: list[list[tuple[float | None, dict[str, Any]]]], start_at: float,
-                   deadline: float, results: Any) -> None:  # fmt: skip
+def client_process(
+    host: str,
+    port: int,
+    work: list[list[tuple[float | None, dict[str, Any]]]],
+    start_at: float,
+    deadline: float,
+    results: Any,
+) -> None:
     """Run these clients from `start_at`.  A client is a list of (offset, body): with offsets None it
     sends its bodies one after the other (closed loop); with offsets each request starts at start_at +
     offset on its own (open loop, one client per request).  Each record says which client and turn."""
@@ -238,8 +258,9 @@ def client_process(host: str, port: int, work: list[list[tuple[float | None, dic
     results.put(asyncio.run(main()))
 
 
-def run_clients(server: Server, clients: list[list[tuple[float | None, dict[str, Any]]]], procs: int,
-                deadline: float) -> tuple[list[dict[str, float]], bool, list[str], float]:  # fmt: skip
+def run_clients(
+    server: Server, clients: list[list[tuple[float | None, dict[str, Any]]]], procs: int, deadline: float
+) -> tuple[list[dict[str, float]], bool, list[str], float]:
     """All clients, spread over up to `procs` processes, started together; (records, cut, errors, t0)."""
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
@@ -292,10 +313,17 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
 
 def bodies(model: str, prompts: list[list[int]], max_tokens: int) -> list[dict[str, Any]]:
     return [
-        {"model": model, "prompt": p, "max_tokens": max_tokens, "temperature": 0, "stream": True,
-         "ignore_eos": True, "return_token_ids": True}
+        {
+            "model": model,
+            "prompt": p,
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "stream": True,
+            "ignore_eos": True,
+            "return_token_ids": True,
+        }
         for p in prompts
-    ]  # fmt: skip
+    ]
 
 
 def closed_clients(work: list[dict[str, Any]], n: int) -> list[list[tuple[float | None, dict[str, Any]]]]:
@@ -312,15 +340,24 @@ def open_clients(work: list[dict[str, Any]], rate: float, seed: int) -> list[lis
 
 
 # ---- one level on one server ---------------------------------------------------------------------------
-def server_level(server: Server, args: argparse.Namespace, level: dict[str, Any], prompts: list[list[int]],
-                 deadline: float, trace: Path | None) -> dict[str, Any]:  # fmt: skip
+def server_level(
+    server: Server,
+    args: argparse.Namespace,
+    level: dict[str, Any],
+    prompts: list[list[int]],
+    deadline: float,
+    trace: Path | None,
+) -> dict[str, Any]:
     """One level after a warm-up with its own prompts (4 tokens each; session 4 on the H200 saw TTFT p99
     of 1.5-4.5 s from prefill shapes met for the first time without it)."""
     n = level.get("clients") or min(len(prompts), 64)
     warm = closed_clients(bodies(server.model, prompts, 4), n)  # every prompt of the level, as many at once
     work = bodies(server.model, prompts, args.max_tokens)
-    clients = (closed_clients(work, level["clients"]) if level["mode"] == "closed"
-               else open_clients(work, level["rate"], args.seed))  # fmt: skip
+    clients = (
+        closed_clients(work, level["clients"])
+        if level["mode"] == "closed"
+        else open_clients(work, level["rate"], args.seed)
+    )
     cpu0 = cpu1 = None
     try:
         run_clients(server, warm, args.client_procs, deadline)
@@ -349,14 +386,22 @@ def server_level(server: Server, args: argparse.Namespace, level: dict[str, Any]
     what = f"N={level['clients']:4d}" if level["mode"] == "closed" else f"R={level['rate']:g}/s"
     tps, ttft = rec["tokens_per_s"] or 0.0, (rec["ttft_p50_s"] or 0, rec["ttft_p99_s"] or 0)
     note = ("" if rec["complete"] else "  (cut: --max-seconds)") + (f"  errors: {errors[0]}" if errors else "")
-    print(f"{level['variant']:>8} {what}: {tps:10.1f} tok/s  TTFT p50 {ttft[0]:.3f} s p99 {ttft[1]:.3f} s{note}",
-          flush=True)  # fmt: skip
+    print(
+        f"{level['variant']:>8} {what}: {tps:10.1f} tok/s  TTFT p50 {ttft[0]:.3f} s p99 {ttft[1]:.3f} s{note}",
+        flush=True,
+    )
     return rec
 
 
 # ---- in-process ---------------------------------------------------------------------------------------
-def in_process(args: argparse.Namespace, shards: Path, levels: list[tuple[int, list[list[int]]]],
-               walls: dict[int, float], deadline: float, result: Result) -> dict[int, dict[str, Any]]:  # fmt: skip
+def in_process(
+    args: argparse.Namespace,
+    shards: Path,
+    levels: list[tuple[int, list[list[int]]]],
+    walls: dict[int, float],
+    deadline: float,
+    result: Result,
+) -> dict[int, dict[str, Any]]:
     import torch
 
     from plamo2_tools import Runtime
@@ -386,15 +431,22 @@ def in_process(args: argparse.Namespace, shards: Path, levels: list[tuple[int, l
             tokens = sum(len(t) for t in gen.tokens)
             steps = timer.counts["decode_steps"]
             step = timer.seconds()["decode"] / steps if steps else None
-            out[n] = {"tokens_per_s": tokens / wall, "wall_s": wall, "output_tokens": tokens, "step_s": step,
-                      "cpu_s": cpu, "cpu_ms_per_token": 1e3 * cpu / tokens if tokens else None,
-                      "compiles_timed": compile_watch.counts["compiles"] - counts0["compiles"],
-                      "tunings_timed": compile_watch.counts["tunings"] - counts0["tunings"]}  # fmt: skip
+            out[n] = {
+                "tokens_per_s": tokens / wall,
+                "wall_s": wall,
+                "output_tokens": tokens,
+                "step_s": step,
+                "cpu_s": cpu,
+                "cpu_ms_per_token": 1e3 * cpu / tokens if tokens else None,
+                "compiles_timed": compile_watch.counts["compiles"] - counts0["compiles"],
+                "tunings_timed": compile_watch.counts["tunings"] - counts0["tunings"],
+            }
             ms = f"{1e3 * step:.2f} ms/step" if step else "?"
             compiled = out[n]["compiles_timed"] + out[n]["tunings_timed"]
             ms += f", {compiled} compiles/tunings in the timed run" if compiled else ""
-            print(f"in-process N={n:4d}: {tokens / wall:10.1f} tok/s ({tokens} tokens in {wall:.2f} s, {ms})",
-                  flush=True)  # fmt: skip
+            print(
+                f"in-process N={n:4d}: {tokens / wall:10.1f} tok/s ({tokens} tokens in {wall:.2f} s, {ms})", flush=True
+            )
     return out
 
 
@@ -407,21 +459,46 @@ def targets(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             continue
         n, v = r["clients"], r["variant"]
         if n in TARGET_CLIENTS and r.get("ratio") is not None:
-            out.append({"check": "tokens/s vs in-process", "variant": v, "clients": n, "value": r["ratio"],
-                        "limit": f">= {TARGET_RATIO}", "ok": r["ratio"] >= TARGET_RATIO})  # fmt: skip
+            out.append(
+                {
+                    "check": "tokens/s vs in-process",
+                    "variant": v,
+                    "clients": n,
+                    "value": r["ratio"],
+                    "limit": f">= {TARGET_RATIO}",
+                    "ok": r["ratio"] >= TARGET_RATIO,
+                }
+            )
         if n == TARGET_TTFT_CLIENTS:
             for key, limit in (("ttft_steady_p50_s", TARGET_TTFT_P50_S), ("ttft_steady_p99_s", TARGET_TTFT_P99_S)):
                 if r.get(key) is not None:
-                    out.append({"check": key, "variant": v, "clients": n, "value": r[key], "limit": f"<= {limit}",
-                                "ok": r[key] <= limit})  # fmt: skip
+                    out.append(
+                        {
+                            "check": key,
+                            "variant": v,
+                            "clients": n,
+                            "value": r[key],
+                            "limit": f"<= {limit}",
+                            "ok": r[key] <= limit,
+                        }
+                    )
         if n in TARGET_CLIENTS and r.get("gap_vs_step") is not None:
-            out.append({"check": "gap p50 / in-process step", "variant": v, "clients": n, "value": r["gap_vs_step"],
-                        "limit": f"<= {TARGET_GAP_VS_STEP}", "ok": r["gap_vs_step"] <= TARGET_GAP_VS_STEP})  # fmt: skip
+            out.append(
+                {
+                    "check": "gap p50 / in-process step",
+                    "variant": v,
+                    "clients": n,
+                    "value": r["gap_vs_step"],
+                    "limit": f"<= {TARGET_GAP_VS_STEP}",
+                    "ok": r["gap_vs_step"] <= TARGET_GAP_VS_STEP,
+                }
+            )
     return out
 
 
-def levels_of(variant: str, closed: dict[int, list[list[int]]], opened: dict[float, list[list[int]]]
-              ) -> list[tuple[dict[str, Any], list[list[int]]]]:  # fmt: skip
+def levels_of(
+    variant: str, closed: dict[int, list[list[int]]], opened: dict[float, list[list[int]]]
+) -> list[tuple[dict[str, Any], list[list[int]]]]:
     """(level, its prompts): the closed-loop levels, then the open-loop ones."""
     out = [({"variant": variant, "mode": "closed", "clients": n, "rate": None}, ps) for n, ps in closed.items()]
     return out + [({"variant": variant, "mode": "open", "clients": None, "rate": r}, ps) for r, ps in opened.items()]
@@ -439,8 +516,12 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--client-procs", type=int, default=min(8, os.cpu_count() or 1))
     ap.add_argument("--start-timeout", type=float, default=600.0, help="seconds the server may take to start")
     ap.add_argument("--server-arg", action="append", default=[], help="an extra `serve` argument (repeat)")
-    ap.add_argument("--variant", action="append", default=[],
-                    help="NAME:ENV=VALUE,... a server variant (repeat; default: one, 'serve', as it is)")  # fmt: skip
+    ap.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        help="NAME:ENV=VALUE,... a server variant (repeat; default: one, 'serve', as it is)",
+    )
     ap.add_argument("--no-in-process", action="store_true", help="skip the in-process baseline")
     ap.add_argument("--trace", action="store_true", help="per-stage times of every request (PLAMO2_SERVE_TRACE)")
 
@@ -458,11 +539,25 @@ def run(args: argparse.Namespace, result: Result) -> None:
         longest = max(len(p) for ps in [*closed.values(), *opened.values()] for p in ps) + args.max_tokens
         slots = max([*closed_n, 1])
         res = result.results
-        res.update(shards=str(shards), device=args.device, target=TARGET, runs=[], servers={}, config={
-            "clients": closed_n, "per_client": args.per_client, "rates": rates, "open_requests": args.open_requests,
-            "prompt_tokens": args.prompt_tokens, "max_tokens": args.max_tokens, "seed": args.seed,
-            "client_procs": args.client_procs, "server_args": args.server_arg,
-            "variants": {name: env for name, env in variants}})  # fmt: skip
+        res.update(
+            shards=str(shards),
+            device=args.device,
+            target=TARGET,
+            runs=[],
+            servers={},
+            config={
+                "clients": closed_n,
+                "per_client": args.per_client,
+                "rates": rates,
+                "open_requests": args.open_requests,
+                "prompt_tokens": args.prompt_tokens,
+                "max_tokens": args.max_tokens,
+                "seed": args.seed,
+                "client_procs": args.client_procs,
+                "server_args": args.server_arg,
+                "variants": {name: env for name, env in variants},
+            },
+        )
         walls: dict[int, float] = {}
         for name, env in variants:
             trace = work / f"trace-{name}.jsonl" if args.trace else None
@@ -473,8 +568,10 @@ def run(args: argparse.Namespace, result: Result) -> None:
             server = Server(shards, args, slots, longest, extra)
             res["servers"][name] = {"slots": server.slots, "context": server.context, "startup_s": server.startup_s}
             res.setdefault("server", res["servers"][name])  # the first variant's, where older readers look
-            print(f"serve ({name}): up in {server.startup_s:.1f} s, {server.slots} slots of {server.context} tokens",
-                  flush=True)  # fmt: skip
+            print(
+                f"serve ({name}): up in {server.startup_s:.1f} s, {server.slots} slots of {server.context} tokens",
+                flush=True,
+            )
             try:
                 for level, prompts in levels_of(name, closed, opened):
                     if server.proc.poll() is not None or time.monotonic() > deadline - 5:

@@ -41,8 +41,25 @@ HERE = Path(__file__).resolve().parent.parent
 # (name, argv after `plamo2-tools`, expected exit code).  Placeholders: {empty} an empty directory,
 # {missing} a path that does not exist, {shards} a tiny shard directory, {ckpt} its HF checkpoint,
 # {data} a directory with GSM8K-shaped files, {out} a fresh output path.
-HELP_COMMANDS = ("synth", "inspect", "logits", "convert", "merge", "check", "demo", "verify", "generate", "serve",
-                 "eval", "gsm8k-task", "report", "tokenize", "warmup", "export", "export gguf")  # fmt: skip
+HELP_COMMANDS = (
+    "synth",
+    "inspect",
+    "logits",
+    "convert",
+    "merge",
+    "check",
+    "demo",
+    "verify",
+    "generate",
+    "serve",
+    "eval",
+    "gsm8k-task",
+    "report",
+    "tokenize",
+    "warmup",
+    "export",
+    "export gguf",
+)
 REFUSALS: tuple[tuple[str, tuple[str, ...], int], ...] = (
     ("generate: not a shard directory", ("generate", "{empty}", "--prompt", "hi"), 2),
     ("generate: no such directory", ("generate", "{missing}", "--prompt", "hi"), 2),
@@ -88,8 +105,14 @@ def scratch(root: Path) -> dict[str, str]:
     row = json.dumps({"question": "How many?", "answer": "2 + 2 = 4\n#### 4"}) + "\n"
     for split in ("train", "test"):
         (data / f"{split}.jsonl").write_text(row * 10)
-    return {"empty": str(root / "empty"), "missing": str(root / "missing"), "shards": str(shards),
-            "ckpt": str(ckpt), "data": str(data), "out": str(root / "out-{n}")}  # fmt: skip
+    return {
+        "empty": str(root / "empty"),
+        "missing": str(root / "missing"),
+        "shards": str(shards),
+        "ckpt": str(ckpt),
+        "data": str(data),
+        "out": str(root / "out-{n}"),
+    }
 
 
 def run_once(argv: list[str], env: dict[str, str], cwd: Path) -> dict[str, Any]:
@@ -101,8 +124,13 @@ def run_once(argv: list[str], env: dict[str, str], cwd: Path) -> dict[str, Any]:
     wall = time.perf_counter() - start
     proc.stderr.close()
     lines = err.decode(errors="replace").strip().splitlines()
-    return {"wall_s": wall, "cpu_s": usage.ru_utime + usage.ru_stime, "exit": os.waitstatus_to_exitcode(status),
-            "stderr_first": lines[0] if lines else "", "stderr_lines": len(lines)}  # fmt: skip
+    return {
+        "wall_s": wall,
+        "cpu_s": usage.ru_utime + usage.ru_stime,
+        "exit": os.waitstatus_to_exitcode(status),
+        "stderr_first": lines[0] if lines else "",
+        "stderr_lines": len(lines),
+    }
 
 
 def main() -> None:
@@ -122,8 +150,10 @@ def main() -> None:
         places = scratch(root)
         cwd = root / "cwd"  # outside every tree: python must not find plamo2_tools through the cwd
         cwd.mkdir()
-        baseline = {"python -c pass": [sys.executable, "-c", "pass"],
-                    "python -c 'import torch'": [sys.executable, "-c", "import torch"]}  # fmt: skip
+        baseline = {
+            "python -c pass": [sys.executable, "-c", "pass"],
+            "python -c 'import torch'": [sys.executable, "-c", "import torch"],
+        }
         samples: dict[str, list[dict[str, Any]]] = {name: [] for name, _, _ in chosen}
         samples.update({name: [] for name in baseline})
         load_before = os.getloadavg()
@@ -140,8 +170,13 @@ def main() -> None:
         if args.importtime:
             name, argv, _ = next(c for c in chosen if c[0] == args.importtime)
             filled = [a.format(**places).replace("{n}", "importtime") for a in argv]
-            r = subprocess.run([sys.executable, "-X", "importtime", "-m", "plamo2_tools.cli", *filled], env=env,
-                               cwd=cwd, capture_output=True, text=True)  # fmt: skip
+            r = subprocess.run(
+                [sys.executable, "-X", "importtime", "-m", "plamo2_tools.cli", *filled],
+                env=env,
+                cwd=cwd,
+                capture_output=True,
+                text=True,
+            )
             importtime = args.out.with_suffix(".importtime.txt")
             importtime.parent.mkdir(parents=True, exist_ok=True)
             importtime.write_text(r.stderr)
@@ -151,29 +186,51 @@ def main() -> None:
         wall = statistics.median(r["wall_s"] for r in runs)
         cpu = statistics.median(r["cpu_s"] for r in runs)
         exits = sorted({r["exit"] for r in runs})
-        records.append({
-            "case": name, "argv": next((list(a) for c, a, _ in chosen if c == name), baseline.get(name)),
-            "expected_exit": expected.get(name), "exits": exits, "stderr_first": runs[-1]["stderr_first"],
-            "stderr_lines": runs[-1]["stderr_lines"], "wall_s_median": wall, "cpu_s_median": cpu,
-            "wall_s": [r["wall_s"] for r in runs], "cpu_s": [r["cpu_s"] for r in runs],
-            "meets_target_wall": wall <= TARGET_SECONDS if name in expected else None,
-            "meets_target_cpu": cpu <= TARGET_SECONDS if name in expected else None,
-        })  # fmt: skip
+        records.append(
+            {
+                "case": name,
+                "argv": next((list(a) for c, a, _ in chosen if c == name), baseline.get(name)),
+                "expected_exit": expected.get(name),
+                "exits": exits,
+                "stderr_first": runs[-1]["stderr_first"],
+                "stderr_lines": runs[-1]["stderr_lines"],
+                "wall_s_median": wall,
+                "cpu_s_median": cpu,
+                "wall_s": [r["wall_s"] for r in runs],
+                "cpu_s": [r["cpu_s"] for r in runs],
+                "meets_target_wall": wall <= TARGET_SECONDS if name in expected else None,
+                "meets_target_cpu": cpu <= TARGET_SECONDS if name in expected else None,
+            }
+        )
     result = {
-        "kind": KIND, "schema_version": SCHEMA_VERSION, "label": args.label or str(tree),
+        "kind": KIND,
+        "schema_version": SCHEMA_VERSION,
+        "label": args.label or str(tree),
         "command": " ".join([os.path.relpath(sys.argv[0]), *sys.argv[1:]]),
-        "tree": str(tree), "commit": _commit(tree), "cli": cli_command(), "repeat": args.repeat,
-        "target_seconds": TARGET_SECONDS, "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
-        "python": platform.python_version(), "loadavg_before": load_before, "loadavg_after": load_after},
-        "importtime_file": importtime.name if importtime else None, "cases": records,
-    }  # fmt: skip
+        "tree": str(tree),
+        "commit": _commit(tree),
+        "cli": cli_command(),
+        "repeat": args.repeat,
+        "target_seconds": TARGET_SECONDS,
+        "machine": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            "loadavg_before": load_before,
+            "loadavg_after": load_after,
+        },
+        "importtime_file": importtime.name if importtime else None,
+        "cases": records,
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     width = max(len(r["case"]) for r in records)
     for r in records:
         bad = r["expected_exit"] is not None and r["exits"] != [r["expected_exit"]]
-        print(f"{r['case']:<{width}}  wall {r['wall_s_median']:6.3f}  cpu {r['cpu_s_median']:6.3f}  exit {r['exits']}"
-              + ("  UNEXPECTED EXIT" if bad else ""))  # fmt: skip
+        print(
+            f"{r['case']:<{width}}  wall {r['wall_s_median']:6.3f}  cpu {r['cpu_s_median']:6.3f}  exit {r['exits']}"
+            + ("  UNEXPECTED EXIT" if bad else "")
+        )
 
 
 def _commit(tree: Path) -> str | None:

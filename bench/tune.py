@@ -44,14 +44,29 @@ def run(args: argparse.Namespace, result: Result) -> None:
         _, shards = model_inputs(args, work, result)
         where = args.table_dir or Path(os.environ.get("PLAMO2_TUNED_DIR") or work / "tuned")
         where.mkdir(parents=True, exist_ok=True)
-        cmd = [sys.executable, "-m", "plamo2_tools.cli", "warmup", str(shards), "--device", args.device,
-               "--max-batch", args.max_batch, "--tuned-out", str(where), "--json"]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "plamo2_tools.cli",
+            "warmup",
+            str(shards),
+            "--device",
+            args.device,
+            "--max-batch",
+            args.max_batch,
+            "--tuned-out",
+            str(where),
+            "--json",
+        ]
         if args.max_prompt_tokens:
             cmd += ["--max-prompt-tokens", str(args.max_prompt_tokens)]
         if result.left() != float("inf"):  # leave time to load, warm the decode buckets and write
             cmd += ["--max-seconds", str(max(0.0, result.left() - 45.0))]
-        caches = {} if args.caches is None else {"TRITON_CACHE_DIR": str(args.caches / "triton"),
-                                                 "PLAMO2_CACHE_DIR": str(args.caches / "plamo2")}  # fmt: skip
+        caches = (
+            {}
+            if args.caches is None
+            else {"TRITON_CACHE_DIR": str(args.caches / "triton"), "PLAMO2_CACHE_DIR": str(args.caches / "plamo2")}
+        )
         timed = run_timed(cmd, env=tree_env(PLAMO2_TUNED="0", **caches), cwd=work)
         res = result.results
         res.update(command=cmd[2:], wall_s=timed["wall_s"], rc=timed["rc"], table_dir=str(where))

@@ -240,11 +240,19 @@ def _plamo3_config_standin() -> type:
             if self.rope_scaling_factor == 1:
                 full: dict[str, Any] = {"rope_theta": self.rope_theta, "rope_type": "default"}
             else:
-                full = {"rope_theta": self.rope_theta, "beta_fast": 32.0, "beta_slow": 1.0,
-                        "factor": self.rope_scaling_factor, "original_max_position_embeddings":
-                        self.initial_context_length, "rope_type": "yarn", "truncate": False}  # fmt: skip
-            every = {"full_attention": full,
-                     "sliding_attention": {"rope_theta": self.rope_local_theta, "rope_type": "default"}}  # fmt: skip
+                full = {
+                    "rope_theta": self.rope_theta,
+                    "beta_fast": 32.0,
+                    "beta_slow": 1.0,
+                    "factor": self.rope_scaling_factor,
+                    "original_max_position_embeddings": self.initial_context_length,
+                    "rope_type": "yarn",
+                    "truncate": False,
+                }
+            every = {
+                "full_attention": full,
+                "sliding_attention": {"rope_theta": self.rope_local_theta, "rope_type": "default"},
+            }
             return {t: every[t] for t in set(self.layer_types)}
 
         @rope_parameters.setter
@@ -648,8 +656,14 @@ def fp8_rank(case: dict[str, Any], rank: int, res: dict[str, Any]) -> None:
             scale = got[scale_key]
             deq[k] = (v.float() * scale.float()).to(ref[k].dtype if k in ref else v.dtype)
             pattern = re.sub(r"layers\.layers\.\d+\.", "layers.layers.{i}.", k.removesuffix(".weight"))
-            layers.setdefault(pattern, {"weight": list(v.shape), "weight_scale": list(scale.shape),
-                                        "scale_dtype": str(scale.dtype).removeprefix("torch.")})  # fmt: skip
+            layers.setdefault(
+                pattern,
+                {
+                    "weight": list(v.shape),
+                    "weight_scale": list(scale.shape),
+                    "scale_dtype": str(scale.dtype).removeprefix("torch."),
+                },
+            )
         elif not (k.endswith(".weight_scale") and k.removesuffix("_scale") in fp8):
             deq[k] = v
     res["fp8_layers"] = layers
@@ -778,9 +792,15 @@ def prepare_case(a: argparse.Namespace, work: Path, preset: str, src: Path, tp: 
             if r.returncode != 0:
                 return {**case, "status": "fail", "error": f"export fp8 exit {r.returncode}: {r.stderr[-2000:]}"}
         case["timings"]["export_s"] = round(time.perf_counter() - t0, 2)
-        return {**case, "mode": "fp8", "id": case_id, "hf": str(src), "fp8": str(fp8),
-                "reference": str(fp8) + "-dequantized",
-                "result_dir": str(work / "results" / case_id)}  # fmt: skip
+        return {
+            **case,
+            "mode": "fp8",
+            "id": case_id,
+            "hf": str(src),
+            "fp8": str(fp8),
+            "reference": str(fp8) + "-dequantized",
+            "result_dir": str(work / "results" / case_id),
+        }
     shards = work / f"{preset}-tp{tp}"
     t0 = time.perf_counter()
     r = _cli(a.plamo2_tools, "convert", str(src), str(shards), "--tp", str(tp), "--dtype", a.dtype)
@@ -857,9 +877,11 @@ def _judge(ranks: list[dict[str, Any]]) -> dict[str, Any]:
     if exp_rounding and not problems:
         # PLaMo 2's A = -exp(A_log): vLLM's loader takes torch's float32 exp (not correctly rounded: 1 ulp off on
         # ~1% of inputs, and CUDA's differs from the CPU's), our converter a correctly rounded one (docs/convert.md).
-        out["exp_rounding_only"] = {"keys": len({m["key"] for m in exp_rounding}),
-                                    "elements": sum(m["elements"] for m in exp_rounding),
-                                    "max_ulps": max(m["max_ulps"] for m in exp_rounding)}  # fmt: skip
+        out["exp_rounding_only"] = {
+            "keys": len({m["key"] for m in exp_rounding}),
+            "elements": sum(m["elements"] for m in exp_rounding),
+            "max_ulps": max(m["max_ulps"] for m in exp_rounding),
+        }
         if status == "pass":
             out["status"] = "pass-exp-rounding"
     rounding = _offset_rounding_summary(ranks)
@@ -890,9 +912,19 @@ def _offset_rounding_summary(ranks: list[dict[str, Any]]) -> dict[str, Any] | No
                 return None
             file_keys.add(m["key"])
             kind = re.sub(r"layers\.layers\.\d+\.", "layers.layers.{i}.", m["key"])
-            k = by_kind.setdefault(kind, {"offset": o["offset"], "keys": 0, "elements": 0, "of": 0, "max_ulps": 0,
-                                          "max_abs_diff": 0.0, "vllm_elements_not_exact": 0,
-                                          "ours_elements_not_exact": 0})  # fmt: skip
+            k = by_kind.setdefault(
+                kind,
+                {
+                    "offset": o["offset"],
+                    "keys": 0,
+                    "elements": 0,
+                    "of": 0,
+                    "max_ulps": 0,
+                    "max_abs_diff": 0.0,
+                    "vllm_elements_not_exact": 0,
+                    "ours_elements_not_exact": 0,
+                },
+            )
             k["keys"] += 1
             k["elements"] += m["elements"]
             k["of"] += m["of"]

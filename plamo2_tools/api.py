@@ -31,8 +31,13 @@ if TYPE_CHECKING:
 Prompt = str | Sequence[int]  # text (tokenized with the model's tokenizer, BOS as its config says) or token ids
 
 
-def load(shards: str | Path, device: str = "cpu", backend: str = "auto", options: Mapping[str, str] | None = None,
-         **runtime: Any) -> Runtime:  # fmt: skip
+def load(
+    shards: str | Path,
+    device: str = "cpu",
+    backend: str = "auto",
+    options: Mapping[str, str] | None = None,
+    **runtime: Any,
+) -> Runtime:
     """The shard directory loaded and ready to run: every rank as a thread of this process, or
     this process's own rank when it runs under torchrun.  `runtime` passes further `Runtime`
     arguments (prefill_chunk, cuda_graph, verify_files, memory_budget, ...).  Close it (or use
@@ -45,8 +50,15 @@ def load(shards: str | Path, device: str = "cpu", backend: str = "auto", options
     return Runtime(shards, device=device, backend=backend, forward_options=dict(options or {}), **runtime)
 
 
-def generate(runtime: Runtime, prompt: Prompt | Sequence[Prompt], max_new_tokens: int = 64, temperature: float = 0.0,
-             top_p: float = 1.0, seed: int = 0, max_batch: int | str = "auto") -> str | list[str]:  # fmt: skip
+def generate(
+    runtime: Runtime,
+    prompt: Prompt | Sequence[Prompt],
+    max_new_tokens: int = 64,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    seed: int = 0,
+    max_batch: int | str = "auto",
+) -> str | list[str]:
     """The text `runtime` continues `prompt` with (greedy at temperature 0), ending at the
     checkpoint's EOS (not shown) or after `max_new_tokens`; several prompts run together
     through continuous batching (`max_batch` at once) and give a list."""
@@ -57,11 +69,14 @@ def generate(runtime: Runtime, prompt: Prompt | Sequence[Prompt], max_new_tokens
     tok = runtime.tokenizer
     ids = [_ids(tok, p, special=True) for p in prompts]
     eos = stop_token_ids(runtime.path, tok)
-    gen = runtime.generate(ids, max_new_tokens, eos_token_ids=eos, temperature=temperature, top_p=top_p, seed=seed,
-                           max_batch=max_batch)  # fmt: skip
+    gen = runtime.generate(
+        ids, max_new_tokens, eos_token_ids=eos, temperature=temperature, top_p=top_p, seed=seed, max_batch=max_batch
+    )
     decode = decode_kept_specials(tok)
-    texts = [decode(t[:-1] if reason == "stop" and t and t[-1] in eos else t)
-             for t, reason in zip(gen.tokens, gen.finish_reasons, strict=True)]  # fmt: skip
+    texts = [
+        decode(t[:-1] if reason == "stop" and t and t[-1] in eos else t)
+        for t, reason in zip(gen.tokens, gen.finish_reasons, strict=True)
+    ]
     return texts[0] if single else texts
 
 
@@ -111,9 +126,16 @@ def check(shards: str | Path) -> CheckReport:
     return check_shards(shards)
 
 
-def verify(shards: str | Path | Sequence[str | Path], reference: str | Path,
-           prompts: Sequence[Sequence[int]] | None = None, random: int = 4, seed: int = 0, max_new_tokens: int = 32,
-           options: Mapping[str, str] | None = None, **kwargs: Any) -> dict[str, Any]:  # fmt: skip
+def verify(
+    shards: str | Path | Sequence[str | Path],
+    reference: str | Path,
+    prompts: Sequence[Sequence[int]] | None = None,
+    random: int = 4,
+    seed: int = 0,
+    max_new_tokens: int = 32,
+    options: Mapping[str, str] | None = None,
+    **kwargs: Any,
+) -> dict[str, Any]:
     """Converted shards (one directory or several layouts) run against the float reference forward
     of the checkpoint they came from: logits and greedy tokens, `["passed"]` per the thresholds of
     docs/convert.md.  Without `prompts`, `random` random prompts from `seed`.  `kwargs`: launch,
@@ -129,13 +151,25 @@ def verify(shards: str | Path | Sequence[str | Path], reference: str | Path,
         source = f"random(n={random}, seed={seed})"
     else:
         prompts, source = [list(p) for p in prompts], "api"
-    return run(dirs, Path(reference), list(prompts), source, max_new_tokens,  # type: ignore[arg-type]
-               forward_options=dict(options or {}), **kwargs)  # fmt: skip
+    return run(
+        dirs,
+        Path(reference),
+        list(prompts),
+        source,
+        max_new_tokens,  # type: ignore[arg-type]
+        forward_options=dict(options or {}),
+        **kwargs,
+    )
 
 
-def eval(shards: str | Path, gsm8k_dir: str | Path | None = None, limit: int | float | None = None,  # noqa: A001
-         options: Mapping[str, str] | None = None, launch: bool = False,
-         **kwargs: Any) -> EvalOutcome | None:  # fmt: skip
+def eval(
+    shards: str | Path,
+    gsm8k_dir: str | Path | None = None,
+    limit: int | float | None = None,  # noqa: A001
+    options: Mapping[str, str] | None = None,
+    launch: bool = False,
+    **kwargs: Any,
+) -> EvalOutcome | None:
     """GSM8K with lm-eval's own task on local data files (`plamo2-tools eval`); `kwargs` are
     `eval.harness.EvalRequest` fields (num_fewshot, batch_size, output_path, device, backend, ...).
     None on a torchrun rank other than the first."""
@@ -143,8 +177,9 @@ def eval(shards: str | Path, gsm8k_dir: str | Path | None = None, limit: int | f
     from .eval.harness import EvalRequest, run_eval
 
     data = load_gsm8k_data(gsm8k_dir, allow_unverified=kwargs.pop("allow_unverified_data", False))
-    request = EvalRequest(shards=str(shards), data=data.to_dict(), limit=limit, forward_options=dict(options or {}),
-                          **kwargs)  # fmt: skip
+    request = EvalRequest(
+        shards=str(shards), data=data.to_dict(), limit=limit, forward_options=dict(options or {}), **kwargs
+    )
     return run_eval(request, launch=launch)
 
 

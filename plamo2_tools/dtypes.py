@@ -75,8 +75,21 @@ INT8 = DType("int8", "I8", 1, "int", "int8")
 UINT8 = DType("uint8", "U8", 1, "uint", "uint8")
 UINT32 = DType("uint32", "U32", 4, "uint", "uint32")  # MLX's packed quantized weights
 BOOL = DType("bool", "BOOL", 1, "bool", "bool")
-ALL: tuple[DType, ...] = (FLOAT64, FLOAT32, FLOAT16, BFLOAT16, FLOAT8_E4M3, FLOAT8_E5M2,
-                          INT64, INT32, INT16, INT8, UINT8, UINT32, BOOL)  # fmt: skip
+ALL: tuple[DType, ...] = (
+    FLOAT64,
+    FLOAT32,
+    FLOAT16,
+    BFLOAT16,
+    FLOAT8_E4M3,
+    FLOAT8_E5M2,
+    INT64,
+    INT32,
+    INT16,
+    INT8,
+    UINT8,
+    UINT32,
+    BOOL,
+)
 BY_NAME: dict[str, DType] = {d.name: d for d in ALL}
 
 # The floating dtypes a checkpoint, a shard or a runtime may hold (torch's own names).

@@ -65,8 +65,21 @@ class CheckFailed(Plamo2Error):
 
 
 # OS errors that are the machine's refusal, not a fault of the input: exit 3 wherever they surface.
-ENVIRONMENT_ERRNOS = frozenset({errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.EIO,
-                                errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.EBUSY, errno.ETXTBSY})  # fmt: skip
+ENVIRONMENT_ERRNOS = frozenset(
+    {
+        errno.EACCES,
+        errno.EPERM,
+        errno.EROFS,
+        errno.ENOSPC,
+        errno.EDQUOT,
+        errno.EIO,
+        errno.EMFILE,
+        errno.ENFILE,
+        errno.ENOMEM,
+        errno.EBUSY,
+        errno.ETXTBSY,
+    }
+)
 
 
 def os_error(e: OSError, what: str) -> Plamo2Error:

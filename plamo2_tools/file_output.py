@@ -44,8 +44,10 @@ def resolve_output(path: Path, option: str) -> Path:
     if st is not None and stat.S_ISLNK(st.st_mode):
         target = Path(os.path.realpath(path))
         if not target.exists():
-            raise UserError(f"{option} {path}: a symbolic link to {target}, which does not exist: refused "
-                            "(plamo2-tools would create a file there); name the file itself")  # fmt: skip
+            raise UserError(
+                f"{option} {path}: a symbolic link to {target}, which does not exist: refused "
+                "(plamo2-tools would create a file there); name the file itself"
+            )
         path, st = target, os.stat(target)
     if st is not None and not stat.S_ISREG(st.st_mode):
         raise UserError(f"{option} {path}: is {kind_of(st.st_mode)}, not a regular file: refused")
@@ -58,17 +60,26 @@ class SingleFileOutput:
     """An output file that is ours (or absent, or empty) for as long as this object holds its lock.
     Use as a context manager; `close()` lets the lock go."""
 
-    def __init__(self, path: Path, option: str, command: str, is_ours: Callable[[bytes], bool],
-                 how_to_proceed: str = "move it away or name another file") -> None:  # fmt: skip
+    def __init__(
+        self,
+        path: Path,
+        option: str,
+        command: str,
+        is_ours: Callable[[bytes], bool],
+        how_to_proceed: str = "move it away or name another file",
+    ) -> None:
         self.option = option
         self.path = resolve_output(Path(path), option)
-        self.lock = OutputLock(self.path.parent, command, name=f".{self.path.name}.plamo2.lock",
-                               what=f"{option} {self.path}")  # fmt: skip
+        self.lock = OutputLock(
+            self.path.parent, command, name=f".{self.path.name}.plamo2.lock", what=f"{option} {self.path}"
+        )
         try:
             head = self.head()
             if head and not is_ours(head):
-                raise OutputExistsError(f"{option} {self.path}: exists and plamo2-tools did not write it: "
-                                        f"refused, nothing was changed ({how_to_proceed})")  # fmt: skip
+                raise OutputExistsError(
+                    f"{option} {self.path}: exists and plamo2-tools did not write it: "
+                    f"refused, nothing was changed ({how_to_proceed})"
+                )
         except BaseException:
             self.close()
             raise

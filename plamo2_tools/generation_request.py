@@ -49,8 +49,9 @@ class GenerationRequest:
     prompt_logprobs: int | None = None
     ignore_eos: bool = False  # vLLM's extension: the EOS ids do not end it (benchmarks of fixed lengths)
 
-    def check(self, vocab_size: int, max_context: int, what: str = "the prompt",
-              max_tokens_param: str = "max_tokens") -> None:  # fmt: skip
+    def check(
+        self, vocab_size: int, max_context: int, what: str = "the prompt", max_tokens_param: str = "max_tokens"
+    ) -> None:
         """The request's limits against the model: a prompt, its ids in the vocabulary, no negative
         number of tokens to generate, and both inside the context.  `what` names the prompt and
         `max_tokens_param` the field a client set (chat's max_completion_tokens) in a refusal."""
@@ -67,8 +68,11 @@ def check_prompt(ids: Sequence[int], vocab_size: int, what: str = "the prompt", 
     outside = first_outside(ids, vocab_size)
     if outside is not None:
         pos, bad = outside
-        raise RequestRefused(f"token id {bad} at position {pos} of {what} is outside the vocabulary "
-                             f"(0 .. {vocab_size - 1})", param, "invalid_token_id")  # fmt: skip
+        raise RequestRefused(
+            f"token id {bad} at position {pos} of {what} is outside the vocabulary (0 .. {vocab_size - 1})",
+            param,
+            "invalid_token_id",
+        )
 
 
 def check_context(prompt_len: int, max_tokens: int, max_context: int, param: str = "max_tokens") -> None:

@@ -113,8 +113,12 @@ def remove_outputs(out: Path, names: Iterable[str], first: str | None = None) ->
 def refuse_foreign(out: Path, planned: Iterable[str]) -> None:
     """Call after removing our own files: whatever still stands where we would write is someone
     else's, and nothing is written over it.  One line naming the files."""
-    foreign = [c for name in sorted(set(planned)) for c in (name, *(name + s for s in SIBLINGS))
-               if (out / c).exists() or (out / c).is_symlink()]  # fmt: skip
+    foreign = [
+        c
+        for name in sorted(set(planned))
+        for c in (name, *(name + s for s in SIBLINGS))
+        if (out / c).exists() or (out / c).is_symlink()
+    ]
     if foreign:
         it = "it" if len(foreign) == 1 else "them"
         shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")

@@ -58,8 +58,14 @@ def plain_name(name: object, where: str) -> str:
 # ---- reading ------------------------------------------------------------------------------------
 def kind_of(mode: int) -> str:
     """A file type in words, for messages ("a FIFO", "a symbolic link", ...)."""
-    kinds = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
-             (stat.S_ISCHR, "a device"), (stat.S_ISBLK, "a device"), (stat.S_ISLNK, "a symbolic link"))  # fmt: skip
+    kinds = (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a device"),
+        (stat.S_ISBLK, "a device"),
+        (stat.S_ISLNK, "a symbolic link"),
+    )
     return next((word for test, word in kinds if test(mode)), "not a regular file")
 
 

@@ -76,5 +76,8 @@ def _write(directory: str, command: str) -> None:
 def timeline() -> dict[str, dict[str, float]]:
     """{"marks": name -> seconds since the process started, "sums": name -> seconds}, and the age now."""
     with _lock:
-        return {"marks": dict(_marks), "sums": {k: round(v, 3) for k, v in _sums.items()},
-                "now": round(_process_age(), 3)}  # fmt: skip
+        return {
+            "marks": dict(_marks),
+            "sums": {k: round(v, 3) for k, v in _sums.items()},
+            "now": round(_process_age(), 3),
+        }

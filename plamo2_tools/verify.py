@@ -251,8 +251,14 @@ def runtime_outputs_for(
     progress: Callable[[int], None] | None = None,
 ) -> dict[str, Any]:
     # verify() has checked every file against its manifest already: the runtime need not hash them again.
-    runtime = {"shards": str(shards), "device": device, "backend": backend, "prefill_chunk": prefill_chunk,
-               "verify_files": False, "forward_options": forward_options or {}}  # fmt: skip
+    runtime = {
+        "shards": str(shards),
+        "device": device,
+        "backend": backend,
+        "prefill_chunk": prefill_chunk,
+        "verify_files": False,
+        "forward_options": forward_options or {},
+    }
     args: dict[str, Any] = {"prompts": prompts, "max_new_tokens": max_new_tokens}
     if progress is not None and not launch:  # a callback cannot travel to torchrun ranks
         args["progress"] = progress
@@ -303,11 +309,22 @@ def verify(
         dtype = shard_dtype(s)
         thresholds = THRESHOLDS.get(dtype, THRESHOLDS["bfloat16"])
         failures = judge(metrics, thresholds)
-        layouts.append({
-            "shards": str(s), "tp": m.mapping.tp, "pp": m.mapping.pp, "world_size": m.mapping.world_size,
-            "dtype": dtype, "launch": launch, "backend": backend, "device": device,
-            "metrics": metrics, "thresholds": thresholds, "passed": not failures, "failures": failures,
-        })  # fmt: skip
+        layouts.append(
+            {
+                "shards": str(s),
+                "tp": m.mapping.tp,
+                "pp": m.mapping.pp,
+                "world_size": m.mapping.world_size,
+                "dtype": dtype,
+                "launch": launch,
+                "backend": backend,
+                "device": device,
+                "metrics": metrics,
+                "thresholds": thresholds,
+                "passed": not failures,
+                "failures": failures,
+            }
+        )
     return {
         "kind": VERIFY_KIND,
         "schema_version": VERIFY_SCHEMA_VERSION,

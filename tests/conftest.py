@@ -156,8 +156,9 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Checkpoint:
 
     cache: dict[tuple[Any, ...], Path] = {}
 
-    def make(preset: str, seed: int = 0, dtype: str | torch.dtype | None = None, files: int = 1,
-             values: str = "synth") -> Path:  # fmt: skip
+    def make(
+        preset: str, seed: int = 0, dtype: str | torch.dtype | None = None, files: int = 1, values: str = "synth"
+    ) -> Path:
         if values not in VALUES:
             raise ValueError(f"values={values!r}: one of {VALUES}")
         name = dtype_name(dtype) if isinstance(dtype, torch.dtype) else dtype or preset_config(preset).torch_dtype
@@ -184,8 +185,16 @@ def shards(cli: Cli, checkpoint: Checkpoint, tmp_path_factory: pytest.TempPathFa
     converted once per session.  Never modify one: take `private_copy` of it first."""
     cache: dict[tuple[Any, ...], Path] = {}
 
-    def get(preset: str, tp: int, pp: int, *options: str | int, dtype: str = "auto", seed: int = 0,
-            values: str = "synth", source_dtype: str | torch.dtype | None = None) -> Path:  # fmt: skip
+    def get(
+        preset: str,
+        tp: int,
+        pp: int,
+        *options: str | int,
+        dtype: str = "auto",
+        seed: int = 0,
+        values: str = "synth",
+        source_dtype: str | torch.dtype | None = None,
+    ) -> Path:
         key = (preset, tp, pp, tuple(map(str, options)), dtype, seed, values, str(source_dtype))
         if key not in cache:
             src = checkpoint(preset, seed=seed, dtype=source_dtype, values=values)
@@ -212,10 +221,19 @@ def private_copy(tmp_path: Path) -> Callable[[Path], Path]:
 # Big enough (68 MB, 8 layers, V=32000) that a conversion split into ~50 files of <= 1 MB takes
 # about a second on a 2-core CI machine: time to SIGKILL it after its first files are finished.
 MEDIUM = dict(
-    model_type="plamo2", hidden_size=256, num_hidden_layers=8, num_attention_heads=4, num_key_value_heads=1,
-    hidden_size_per_head=64, mamba_d_state=16, mamba_d_conv=4, mamba_num_heads=8, mamba_step=2,
-    intermediate_size=1024, vocab_size=32000,
-)  # fmt: skip
+    model_type="plamo2",
+    hidden_size=256,
+    num_hidden_layers=8,
+    num_attention_heads=4,
+    num_key_value_heads=1,
+    hidden_size_per_head=64,
+    mamba_d_state=16,
+    mamba_d_conv=4,
+    mamba_num_heads=8,
+    mamba_step=2,
+    intermediate_size=1024,
+    vocab_size=32000,
+)
 
 
 @pytest.fixture(scope="session")

@@ -84,8 +84,14 @@ def test_verify_takes_prompts_and_options(checkpoint: Any, shards: Any) -> None:
     """`verify` forwards explicit prompts and the family's options (PLaMo 3's window convention)."""
     from plamo2_tools import verify
 
-    result = verify(shards("tiny3", 1, 1, seed=9), checkpoint("tiny3", seed=9), prompts=[[1, 5, 9, 14]],
-                    max_new_tokens=2, options={"window_convention": "vllm"}, backend="torch")  # fmt: skip
+    result = verify(
+        shards("tiny3", 1, 1, seed=9),
+        checkpoint("tiny3", seed=9),
+        prompts=[[1, 5, 9, 14]],
+        max_new_tokens=2,
+        options={"window_convention": "vllm"},
+        backend="torch",
+    )
     assert result["passed"] and result["forward_options"] == {"window_convention": "vllm"}
     assert result["prompts"] == {"count": 1, "lengths": [4], "source": "api"}
 

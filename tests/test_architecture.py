@@ -134,8 +134,9 @@ def test_kernels_know_no_model() -> None:
     assert GRAPH["kernels"] <= FOUNDATION, GRAPH["kernels"] - FOUNDATION
 
 
-@pytest.mark.parametrize("unit", ["runtime", "eval", "inspect", "kernels", "shards", "model", "tokenizer", "verify",
-                                  "serve", "deploy"])  # fmt: skip
+@pytest.mark.parametrize(
+    "unit", ["runtime", "eval", "inspect", "kernels", "shards", "model", "tokenizer", "verify", "serve", "deploy"]
+)
 def test_nothing_but_the_commands_imports_convert(unit: str) -> None:
     assert "convert" not in GRAPH.get(unit, set())
 
@@ -263,8 +264,12 @@ def test_no_cycles_between_files() -> None:
 
 
 def test_no_private_names_across_files() -> None:
-    offenders = [(m, t, name) for m, p in MODULES.items() for t, name in _imports(p)
-                 if name and name.startswith("_") and not name.startswith("__")]  # fmt: skip
+    offenders = [
+        (m, t, name)
+        for m, p in MODULES.items()
+        for t, name in _imports(p)
+        if name and name.startswith("_") and not name.startswith("__")
+    ]
     assert not offenders, offenders
 
 

@@ -97,8 +97,9 @@ def test_a_huge_integer_is_refused() -> None:
         parse_json("1" * 10_000, "x.json")
 
 
-@pytest.mark.parametrize(("text", "kind"), [("[]", "array"), ('"s"', "string"), ("1", "number"), ("true", "boolean"),
-                                            ("null", "null")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("text", "kind"), [("[]", "array"), ('"s"', "string"), ("1", "number"), ("true", "boolean"), ("null", "null")]
+)
 def test_read_object_refuses_every_other_top_level(tmp_path: Path, text: str, kind: str) -> None:
     (tmp_path / "c.json").write_text(text)
     with pytest.raises(CheckpointError, match=f"not a JSON object \\(the top level is a JSON {kind}\\)"):

@@ -21,6 +21,20 @@ def test_every_mutant_snippet_is_found_exactly_once() -> None:
     assert module.registry_problems(ROOT) == []
     classes = {m.cls for m in module.MUTANTS}
     # the last six: issue 34's classes (an independent audit's planted bugs that survived)
-    assert {"copy-window", "multi-part", "rank-damage", "sampling", "stop-strings", "lock", "errors",
-            "durability", "tokenizer", "choices", "yarn", "bits", "validators", "scheduler",
-            "eos"} <= classes  # fmt: skip
+    assert {
+        "copy-window",
+        "multi-part",
+        "rank-damage",
+        "sampling",
+        "stop-strings",
+        "lock",
+        "errors",
+        "durability",
+        "tokenizer",
+        "choices",
+        "yarn",
+        "bits",
+        "validators",
+        "scheduler",
+        "eos",
+    } <= classes

@@ -43,8 +43,14 @@ def test_the_tour_runs_as_written(tmp_path: Path) -> None:
     shim.chmod(shim.stat().st_mode | stat.S_IXUSR)
     work = tmp_path / "tour"
     work.mkdir()
-    env = dict(os.environ, PATH=f"{bindir}{os.pathsep}{os.environ['PATH']}", PYTHONPATH=str(ROOT),
-               COLUMNS="200", NO_COLOR="1", TRITON_INTERPRET="1")  # fmt: skip
+    env = dict(
+        os.environ,
+        PATH=f"{bindir}{os.pathsep}{os.environ['PATH']}",
+        PYTHONPATH=str(ROOT),
+        COLUMNS="200",
+        NO_COLOR="1",
+        TRITON_INTERPRET="1",
+    )
     script = "set -e -o pipefail\n" + "".join(
         f"echo '>>> {line.split('#')[0].strip()}'\n{line}\n" for line in tour_block().splitlines() if line.strip()
     )

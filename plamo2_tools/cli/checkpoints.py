@@ -35,8 +35,15 @@ def synth(
     with byte_progress(f"synth {preset}", total, enabled=not as_json) as progress:
         run(out_dir, preset, seed=seed, dtype=dtype, files=files, force=force, progress=progress)
     params = num_parameters(cfg)
-    result = {"path": str(out_dir), "preset": preset, "parameters": params, "bytes": total,
-              "dtype": cfg.torch_dtype, "seed": seed, "files": files}  # fmt: skip
+    result = {
+        "path": str(out_dir),
+        "preset": preset,
+        "parameters": params,
+        "bytes": total,
+        "dtype": cfg.torch_dtype,
+        "seed": seed,
+        "files": files,
+    }
     if as_json:
         print_json(result)
     else:

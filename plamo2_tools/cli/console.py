@@ -46,8 +46,13 @@ class ByteProgress:
         self._lock = threading.Lock()  # convert reports from several threads
 
     def columns(self) -> tuple[Any, ...]:
-        return (TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-                TimeRemainingColumn())  # fmt: skip
+        return (
+            TextColumn("{task.description}"),
+            BarColumn(),
+            DownloadColumn(),
+            TransferSpeedColumn(),
+            TimeRemainingColumn(),
+        )
 
     def start(self, total: int) -> None:
         self.total = total
@@ -84,8 +89,13 @@ class StepProgress(ByteProgress):
     """The same bar counting steps (tokens, forwards) instead of bytes."""
 
     def columns(self) -> tuple[Any, ...]:
-        return (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                TimeRemainingColumn())  # fmt: skip
+        return (
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+        )
 
 
 @contextmanager
@@ -124,9 +134,15 @@ class RequestProgress:
         if not self.enabled or not todo:
             return
         self.t0 = time.perf_counter()
-        self.bar = Progress(TextColumn("generate"), BarColumn(), MofNCompleteColumn(),
-                            TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), TimeRemainingColumn(),
-                            console=err)  # fmt: skip
+        self.bar = Progress(
+            TextColumn("generate"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[rate]}"),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+            console=err,
+        )
         self.bar.start()
         self.task = self.bar.add_task("generate", total=todo, rate="")
 
@@ -139,5 +155,6 @@ class RequestProgress:
             self.bar.update(self.task, advance=1, rate=f"{rate:,.1f} tokens/s")
 
     def warn(self, line: str) -> None:
-        (self.bar.console if self.bar is not None else err).print(f"[yellow]warning:[/] {escape(line)}",
-                                                                  highlight=False, soft_wrap=True)  # fmt: skip
+        (self.bar.console if self.bar is not None else err).print(
+            f"[yellow]warning:[/] {escape(line)}", highlight=False, soft_wrap=True
+        )

@@ -93,8 +93,14 @@ class OneLineErrors(TyperGroup):
     """Click's usage errors (unknown option, bad value, missing argument) as one `error:` line with
     exit 2, like every other bad input, instead of a usage box; help and --version unchanged."""
 
-    def main(self, args: Any = None, prog_name: Any = None, complete_var: Any = None,
-             standalone_mode: bool = True, **extra: Any) -> Any:  # fmt: skip
+    def main(
+        self,
+        args: Any = None,
+        prog_name: Any = None,
+        complete_var: Any = None,
+        standalone_mode: bool = True,
+        **extra: Any,
+    ) -> Any:
         _forward_option_help(self, sys.argv[1:] if args is None else list(args))
         polish(self)
 

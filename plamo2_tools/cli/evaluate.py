@@ -76,12 +76,23 @@ def eval_shards(
     verify_shard_files(manifest, range(manifest.mapping.world_size), digests=False)
     data = load_gsm8k_data(gsm8k_dir, allow_unverified=allow_unverified_data)
     request = EvalRequest(
-        shards=str(shards), data=data.to_dict(), tasks=task_list, num_fewshot=num_fewshot, limit=parsed_limit,
-        batch_size=batch, output_path=str(output_path) if output_path else None, device=device, backend=backend,
-        max_gen_toks=max_gen_toks, max_length=max_length, trust_remote_code=trust_remote_code,
-        bootstrap_iters=bootstrap_iters, log_samples=log_samples and output_path is not None,
-        verify_files=not no_verify, forward_options=options,
-    )  # fmt: skip
+        shards=str(shards),
+        data=data.to_dict(),
+        tasks=task_list,
+        num_fewshot=num_fewshot,
+        limit=parsed_limit,
+        batch_size=batch,
+        output_path=str(output_path) if output_path else None,
+        device=device,
+        backend=backend,
+        max_gen_toks=max_gen_toks,
+        max_length=max_length,
+        trust_remote_code=trust_remote_code,
+        bootstrap_iters=bootstrap_iters,
+        log_samples=log_samples and output_path is not None,
+        verify_files=not no_verify,
+        forward_options=options,
+    )
     outcome = run_eval(request, launch=launch)
     if outcome is None:  # a torchrun rank other than the first: rank 0 prints and writes
         return

@@ -70,9 +70,20 @@ def gguf(
     if verify_prompts < 1 or verify_tokens < 2:
         raise UserError("--verify-prompts must be >= 1 and --verify-tokens >= 2")
     with byte_progress(f"export gguf {out.name}", enabled=not as_json) as progress:
-        result = export_gguf(src, out, type_name, tensor_type or [], recipe, force=force, verify=not no_verify,
-                             verify_prompts=verify_prompts, verify_tokens=verify_tokens, device=device,
-                             progress=progress, on_plan=progress.start)  # fmt: skip
+        result = export_gguf(
+            src,
+            out,
+            type_name,
+            tensor_type or [],
+            recipe,
+            force=force,
+            verify=not no_verify,
+            verify_prompts=verify_prompts,
+            verify_tokens=verify_tokens,
+            device=device,
+            progress=progress,
+            on_plan=progress.start,
+        )
     if as_json:
         print_json(result.summary())
     else:
@@ -84,8 +95,11 @@ def gguf(
 
 
 def _print_gguf(result: Any, out: Path, side: Path) -> None:
-    out_console.print(f"wrote {out} ({result.type}, {result.tensors} tensors, {result.bytes / 1e6:.1f} MB) in "
-                      f"{result.seconds:.1f} s; record: {side}", highlight=False)  # fmt: skip
+    out_console.print(
+        f"wrote {out} ({result.type}, {result.tensors} tensors, {result.bytes / 1e6:.1f} MB) in "
+        f"{result.seconds:.1f} s; record: {side}",
+        highlight=False,
+    )
     for note in result.notes:
         out_console.print(f"note: {note}", highlight=False)
     if result.verify is not None:
@@ -152,8 +166,16 @@ def mlx(
             check = verifier(ref, recipe, source.config)
         start = time.perf_counter()
         with byte_progress(f"export mlx {src}", planned_bytes(source, recipe), enabled=not as_json) as progress:
-            record = export_mlx(source, source_side_files(source), out_dir, recipe, force=force, verify=check,
-                                max_part=limit, progress=progress)  # fmt: skip
+            record = export_mlx(
+                source,
+                source_side_files(source),
+                out_dir,
+                recipe,
+                force=force,
+                verify=check,
+                max_part=limit,
+                progress=progress,
+            )
         record["seconds"] = time.perf_counter() - start
     finally:
         source.close()
@@ -164,8 +186,9 @@ def mlx(
         dtypes = record["dtype"] if isinstance(record["dtype"], list) else [record["dtype"]]
         what = f"{bits}-bit{' mixed' if mixed else ''}" if bits else ",".join(dtypes)
         size = f"{record['bytes'] / 1e9:.3f} GB, {record['bits_per_weight']:.2f} bits/weight"
-        out.print(f"exported {src} to {out_dir} for mlx-lm ({what}, {size}) in {record['seconds']:.2f} s",
-                  highlight=False)  # fmt: skip
+        out.print(
+            f"exported {src} to {out_dir} for mlx-lm ({what}, {size}) in {record['seconds']:.2f} s", highlight=False
+        )
         for d in record["known_differences"]:
             out.print(f"  mlx-lm differs: {d['text']}", highlight=False)
         if verification:
@@ -220,13 +243,26 @@ def fp8(
         raise UserError(f"--max-kl {max_kl}: must be a number >= 0")
     if verify:
         require("torch")  # the reference forward; refused before the export, not after it
-    options = {"count": verify_sequences, "lengths": (min(12, verify_tokens), verify_tokens),
-               "precision": verify_dtype, "dtype": verify_dtype}  # fmt: skip
+    options = {
+        "count": verify_sequences,
+        "lengths": (min(12, verify_tokens), verify_tokens),
+        "precision": verify_dtype,
+        "dtype": verify_dtype,
+    }
     with byte_progress(f"export fp8 {src}", enabled=not as_json) as progress:
         result = export_fp8(
-            src, out_dir, max_part_size=parse_size(max_part_size), force=force, verify=verify, reference=reference,
-            verify_options=options, max_kl=max_kl, workers=workers, progress=progress, on_plan=progress.start,
-        )  # fmt: skip
+            src,
+            out_dir,
+            max_part_size=parse_size(max_part_size),
+            force=force,
+            verify=verify,
+            reference=reference,
+            verify_options=options,
+            max_kl=max_kl,
+            workers=workers,
+            progress=progress,
+            on_plan=progress.start,
+        )
     v = result.verification
     if as_json:
         print_json(result.record)

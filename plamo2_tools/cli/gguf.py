@@ -43,7 +43,9 @@ def kld_base(
     if as_json:
         print_json(result)
         return
-    out.print(f"wrote {out_file}: {result['n_chunk']} chunk(s) of {ctx} tokens, {result['scored_per_chunk']} scored "
-              f"each, vocabulary {result['n_vocab']}, BOS {'added' if result['add_bos'] else 'not added'}; run "
-              f"llama-perplexity -m FILE.gguf --kl-divergence-base {out_file} --kl-divergence -c {ctx}",
-              highlight=False)  # fmt: skip
+    out.print(
+        f"wrote {out_file}: {result['n_chunk']} chunk(s) of {ctx} tokens, {result['scored_per_chunk']} scored "
+        f"each, vocabulary {result['n_vocab']}, BOS {'added' if result['add_bos'] else 'not added'}; run "
+        f"llama-perplexity -m FILE.gguf --kl-divergence-base {out_file} --kl-divergence -c {ctx}",
+        highlight=False,
+    )

@@ -43,5 +43,8 @@ def report(
     for warning in result.warnings:  # Markdown text: the code-span backticks mean nothing on a console
         err.print(f"[yellow]warning:[/] {escape(warning.replace('`', ''))}", highlight=False)
     skipped = f", skipped {len(result.skipped)} unrecognised or duplicate file(s)" if result.skipped else ""
-    out.print(f"wrote {out_file} and {len(result.plots)} plot(s) from {len(result.docs)} file(s){skipped}",
-              highlight=False, markup=False)  # fmt: skip
+    out.print(
+        f"wrote {out_file} and {len(result.plots)} plot(s) from {len(result.docs)} file(s){skipped}",
+        highlight=False,
+        markup=False,
+    )

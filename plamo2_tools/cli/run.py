@@ -57,8 +57,9 @@ def logits(
         check_runtime_options(device, backend)
         from ..runtime.batching.engine import load_engine
 
-        with load_engine(path, device=device, backend=backend, verify_files=not no_verify,
-                         forward_options=options) as engine:  # fmt: skip
+        with load_engine(
+            path, device=device, backend=backend, verify_files=not no_verify, forward_options=options
+        ) as engine:
             result = engine.prompt_logits([ids])[0]
             if not engine.is_main:  # under torchrun only rank 0 writes
                 return
@@ -91,15 +92,21 @@ def print_verify(result: dict[str, Any], title: str) -> None:
     for x in result["layouts"]:
         m = x["metrics"]
         table.add_row(
-            f"tp{x['tp']}×pp{x['pp']}" + ("/torchrun" if x["launch"] else ""), short.get(x["dtype"], x["dtype"]),
-            f"{m['max_abs_logit_diff']:.1e}", f"{m['max_rel_err']:.1e}", f"{m['mean_kl']:.1e}",
-            f"{m['top1_agreement']:.3f}", f"{m['greedy_match_fraction']:.3f}", "yes" if m["logprobs_close"] else "no",
+            f"tp{x['tp']}×pp{x['pp']}" + ("/torchrun" if x["launch"] else ""),
+            short.get(x["dtype"], x["dtype"]),
+            f"{m['max_abs_logit_diff']:.1e}",
+            f"{m['max_rel_err']:.1e}",
+            f"{m['mean_kl']:.1e}",
+            f"{m['top1_agreement']:.3f}",
+            f"{m['greedy_match_fraction']:.3f}",
+            "yes" if m["logprobs_close"] else "no",
             "[green]pass[/]" if x["passed"] else "[red]FAIL[/]",
-        )  # fmt: skip
+        )
     out.print(table)
     if result.get("forward_options"):
-        out.print("forward options: " + ", ".join(f"{k}={v}" for k, v in result["forward_options"].items()),
-                  highlight=False)  # fmt: skip
+        out.print(
+            "forward options: " + ", ".join(f"{k}={v}" for k, v in result["forward_options"].items()), highlight=False
+        )
     for x in result["layouts"]:
         for f in x["failures"]:
             out.print(f"  [red]tp={x['tp']} pp={x['pp']}[/]: {f}", highlight=False)
@@ -207,16 +214,27 @@ def verify(
         check_tokens(ids, ref.config, max_new_tokens, f"prompt {i + 1}")
     tokenizer = reference_tokenizer(reference)
     pinned = forward_options(option)
-    options = {"device": device, "backend": backend, "launch": launch, "prefill_chunk": prefill_chunk,
-               "forward_options": pinned, "verify_files": not no_verify, "api_key": api_key, "timeout": timeout,
-               "model": server_model, "top_k": top_k, "on_note": None if as_json else _note}  # fmt: skip
+    options = {
+        "device": device,
+        "backend": backend,
+        "launch": launch,
+        "prefill_chunk": prefill_chunk,
+        "forward_options": pinned,
+        "verify_files": not no_verify,
+        "api_key": api_key,
+        "timeout": timeout,
+        "model": server_model,
+        "top_k": top_k,
+        "on_note": None if as_json else _note,
+    }
     # Opened before the reference runs: a server that is down or a damaged shard is one line now.
     opened = open_targets(list(zip(kinds, targets, strict=True)), ref, tokenizer, **options)
     try:
         work = verify_work(len(opened), max_new_tokens, len(ref.conventions(pinned)))
         with step_progress("verify", work, enabled=not as_json) as progress:
-            result = verify_targets(opened, ref, prompt_ids, source, max_new_tokens, pinned, target_precision,
-                                    tokenizer, progress)  # fmt: skip
+            result = verify_targets(
+                opened, ref, prompt_ids, source, max_new_tokens, pinned, target_precision, tokenizer, progress
+            )
     finally:
         for t in opened:
             t.close()
@@ -234,8 +252,9 @@ def _note(line: str) -> None:
     err.print(f"note: {line}", highlight=False, markup=False)
 
 
-def _verify_prompts(ref: Any, prompts: Path | None, gsm8k_like: bool, random: int, seed: int
-                    ) -> tuple[list[list[int]], str]:  # fmt: skip
+def _verify_prompts(
+    ref: Any, prompts: Path | None, gsm8k_like: bool, random: int, seed: int
+) -> tuple[list[list[int]], str]:
     """The prompts of `verify` (token ids) and how the result names where they came from."""
     from ..verify import prompts_from_file, random_prompts
 
@@ -254,8 +273,19 @@ def _verify_prompts(ref: Any, prompts: Path | None, gsm8k_like: bool, random: in
 def print_targets(result: dict[str, Any], title: str) -> None:
     """One row per target and convention: what was compared, the numbers, the verdict."""
     table = Table(title=title)
-    for col in ("target", "kind", "precision", "KL", "convention", "mean KL", "max KL", "top-1", "greedy",
-                "first divergence", "result"):  # fmt: skip
+    for col in (
+        "target",
+        "kind",
+        "precision",
+        "KL",
+        "convention",
+        "mean KL",
+        "max KL",
+        "top-1",
+        "greedy",
+        "first divergence",
+        "result",
+    ):
         table.add_column(col, no_wrap=True)
     for t in result["targets"]:
         for label, r in t["conventions"].items():
@@ -263,12 +293,18 @@ def print_targets(result: dict[str, Any], title: str) -> None:
             first = r["first_divergence"]
             g = r["greedy"]
             table.add_row(
-                t["location"], t["kind"], t["precision"], t["kl_kind"] + (f"@{t['top_k']}" if t["top_k"] else ""),
-                label, _sci(main["mean_kl"]), _sci(main["max_kl"]), _frac(main["top1_agreement"]),
+                t["location"],
+                t["kind"],
+                t["precision"],
+                t["kl_kind"] + (f"@{t['top_k']}" if t["top_k"] else ""),
+                label,
+                _sci(main["mean_kl"]),
+                _sci(main["max_kl"]),
+                _frac(main["top1_agreement"]),
                 f"{sum(g['match_tokens'])}/{sum(g['steps'])}",
                 f"prompt {first['prompt']} pos {first['position']}" if first else "-",
                 "[green]pass[/]" if r["passed"] else "not followed" if t["passed"] else "[red]FAIL[/]",
-            )  # fmt: skip
+            )
     out.print(table)
     for t in result["targets"]:
         name = t["location"]
@@ -277,8 +313,10 @@ def print_targets(result: dict[str, Any], title: str) -> None:
             extra = " (the prompts do not tell them apart)" if t["indistinguishable"] else ""
             out.print(f"  {name}: follows {follows}{extra}", highlight=False)
         if t["mode"] != "teacher-forced + greedy":
-            out.print(f"  {name}: {t['mode']} ({t['info'].get('prompt_logprobs_detail') or 'no prompt logprobs'})",
-                      highlight=False)  # fmt: skip
+            out.print(
+                f"  {name}: {t['mode']} ({t['info'].get('prompt_logprobs_detail') or 'no prompt logprobs'})",
+                highlight=False,
+            )
         parity = t["tokenizer"]
         if parity.get("checked") is False:
             out.print(f"  {name}: tokenizer not checked ({parity['why']})", highlight=False)
@@ -381,23 +419,45 @@ def generate_prompt(prompt: str, sampling: dict[str, Any], run: dict[str, Any], 
 
         timeline.mark("tokens_start")
         start = time.perf_counter()
-        gen = rt.generate([ids], max_new_tokens, eos_token_ids=stop_token_ids(shards, tok),
-                          temperature=sampling["temperature"], top_p=sampling["top_p"], seed=sampling["seed"],
-                          on_token=on_token)  # fmt: skip
+        gen = rt.generate(
+            [ids],
+            max_new_tokens,
+            eos_token_ids=stop_token_ids(shards, tok),
+            temperature=sampling["temperature"],
+            top_p=sampling["top_p"],
+            seed=sampling["seed"],
+            on_token=on_token,
+        )
         seconds = time.perf_counter() - start
         if not rt.is_main:
             return
         tokens = gen.tokens[0]
         if as_json:
-            print_json({"prompt": prompt, "prompt_tokens": len(ids), "tokens": tokens, "text": decode(tokens),
-                        "seconds": seconds, "timeline": timeline.timeline()})  # fmt: skip
+            print_json(
+                {
+                    "prompt": prompt,
+                    "prompt_tokens": len(ids),
+                    "tokens": tokens,
+                    "text": decode(tokens),
+                    "seconds": seconds,
+                    "timeline": timeline.timeline(),
+                }
+            )
         else:
             sys.stdout.write(stream.finish() + "\n")
             err.print(f"{len(tokens)} tokens in {seconds:.2f} s ({len(tokens) / max(seconds, 1e-9):.1f} tokens/s)")
 
 
-def generate_file(input_file: Path, output: Path | None, strict: bool, max_batch: str, max_context: int | None,
-                  sampling: dict[str, Any], run: dict[str, Any], as_json: bool) -> None:  # fmt: skip
+def generate_file(
+    input_file: Path,
+    output: Path | None,
+    strict: bool,
+    max_batch: str,
+    max_context: int | None,
+    sampling: dict[str, Any],
+    run: dict[str, Any],
+    as_json: bool,
+) -> None:
     """`generate --input`: the batch file through the online loop (serve/batch.py).  Rank 0 takes
     the output (ours or refused, locked) before the model loads: a refusal comes at once."""
     from ..shards.manifest import load_manifest
@@ -425,20 +485,34 @@ def generate_file(input_file: Path, output: Path | None, strict: bool, max_batch
         ResultsFile(output, header) if main else nullcontext() as results,
         Runtime(**run) as rt,
         bar,
-    ):  # fmt: skip
-        summary = run_batch(rt, str(input_file), results, sampling, strict, batch, max_context=max_context,
-                            on_start=bar.start, on_result=bar.result,
-                            on_refused=lambda n, why: bar.warn(f"--input line {n}: {why}"))  # fmt: skip
+    ):
+        summary = run_batch(
+            rt,
+            str(input_file),
+            results,
+            sampling,
+            strict,
+            batch,
+            max_context=max_context,
+            on_start=bar.start,
+            on_result=bar.result,
+            on_refused=lambda n, why: bar.warn(f"--input line {n}: {why}"),
+        )
     if summary is None:  # a torchrun rank other than 0
         return
     if as_json:
         print_json(dataclasses.asdict(summary))
     else:
         rate = summary.generated_tokens / max(summary.seconds, 1e-9)
-        err.print(f"{summary.ran} requests run, {summary.skipped} already in {output}, {len(summary.errors)} refused; "
-                  f"{summary.generated_tokens} tokens in {summary.seconds:.1f} s ({rate:.1f} tokens/s)",
-                  highlight=False, markup=False)  # fmt: skip
+        err.print(
+            f"{summary.ran} requests run, {summary.skipped} already in {output}, {len(summary.errors)} refused; "
+            f"{summary.generated_tokens} tokens in {summary.seconds:.1f} s ({rate:.1f} tokens/s)",
+            highlight=False,
+            markup=False,
+        )
     if summary.errors:
         numbers = ", ".join(str(n) for n, _ in summary.errors[:10]) + (", ..." if len(summary.errors) > 10 else "")
-        raise UserError(f"{len(summary.errors)} of {summary.lines} input lines were refused (line(s) {numbers}); "
-                        f"their error records are in {output}")  # fmt: skip
+        raise UserError(
+            f"{len(summary.errors)} of {summary.lines} input lines were refused (line(s) {numbers}); "
+            f"their error records are in {output}"
+        )

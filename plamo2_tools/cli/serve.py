@@ -29,7 +29,7 @@ def serve(
             show_envvar=True,
             help="Require `Authorization: Bearer KEY` on every route but /health and /metrics.",
         ),
-    ] = None,  # fmt: skip
+    ] = None,
     served_model_name: Annotated[
         list[str] | None,
         typer.Option(help="The model name clients send (repeat for aliases; default: SHARDS as given)."),
@@ -97,8 +97,11 @@ def serve(
 def check_service_args(args: dict[str, Any], api_key: str | None) -> None:
     """The server's numbers, each refused with one line before anything loads."""
     loop, server = args["loop"], args["server"]
-    for name, value, low in (("--max-queue", server["max_queue"], 0), ("--max-body-bytes", server["max_body_bytes"], 1),
-                             ("--sync-every", loop["sync_every"], 1)):  # fmt: skip
+    for name, value, low in (
+        ("--max-queue", server["max_queue"], 0),
+        ("--max-body-bytes", server["max_body_bytes"], 1),
+        ("--sync-every", loop["sync_every"], 1),
+    ):
         if value < low:
             raise UserError(f"{name} {value}: must be >= {low}")
     if loop["max_context"] is not None and loop["max_context"] < 2:

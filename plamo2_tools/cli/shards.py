@@ -65,11 +65,21 @@ def convert(
 
     with byte_progress(f"convert tp={tp} pp={pp}", enabled=not as_json) as progress:
         result = run(
-            src, out_dir, tp=tp, pp=pp, pp_layers=int_list(pp_layers, "--pp-layers"), dtype=dtype,
-            max_part_size=parse_size(max_part_size), force=force, progress=progress,
-            on_plan=lambda plan: progress.start(plan.payload_bytes), copy=copy, workers=workers,
-            verify_blobs=verify_blobs, sync=sync,
-        )  # fmt: skip
+            src,
+            out_dir,
+            tp=tp,
+            pp=pp,
+            pp_layers=int_list(pp_layers, "--pp-layers"),
+            dtype=dtype,
+            max_part_size=parse_size(max_part_size),
+            force=force,
+            progress=progress,
+            on_plan=lambda plan: progress.start(plan.payload_bytes),
+            copy=copy,
+            workers=workers,
+            verify_blobs=verify_blobs,
+            sync=sync,
+        )
     summary = result.summary()
     if as_json:
         print_json(summary)
@@ -78,8 +88,15 @@ def convert(
     for col in ("rank", "tp", "pp", "layers", "files", "tensors", "bytes"):
         table.add_column(col, justify="right" if col != "layers" else "left")
     for r in summary["ranks"]:
-        table.add_row(str(r["rank"]), str(r["tp_rank"]), str(r["pp_rank"]), r["layers"], str(r["files"]),
-                      str(r["tensors"]), f"{r['bytes']:,}")  # fmt: skip
+        table.add_row(
+            str(r["rank"]),
+            str(r["tp_rank"]),
+            str(r["pp_rank"]),
+            r["layers"],
+            str(r["files"]),
+            str(r["tensors"]),
+            f"{r['bytes']:,}",
+        )
     out.print(table)
     out.print(
         f"{summary['status']} in {summary['seconds']:.2f} s: {summary['bytes_written'] / 1e9:.3f} GB written"
@@ -108,8 +125,12 @@ def merge(
     start = time.perf_counter()
     with byte_progress(f"merge {shards}", merged_bytes(shards), enabled=not as_json) as progress:
         names = run(shards, out_dir, max_part_size=limit, force=force, progress=progress)
-    result = {"out": str(out_dir), "files": names, "bytes": sum((out_dir / n).stat().st_size for n in names),
-              "seconds": time.perf_counter() - start}  # fmt: skip
+    result = {
+        "out": str(out_dir),
+        "files": names,
+        "bytes": sum((out_dir / n).stat().st_size for n in names),
+        "seconds": time.perf_counter() - start,
+    }
     if as_json:
         print_json(result)
     else:

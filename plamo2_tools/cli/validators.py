@@ -92,8 +92,15 @@ def forward_options(items: list[str] | None) -> dict[str, str]:
     return options
 
 
-def runtime_args(shards: Path, device: str, backend: str, option: list[str] | None, no_verify: bool = False,
-                 trust_remote_code: bool = False, cuda_graph: bool = True) -> dict[str, Any]:  # fmt: skip
+def runtime_args(
+    shards: Path,
+    device: str,
+    backend: str,
+    option: list[str] | None,
+    no_verify: bool = False,
+    trust_remote_code: bool = False,
+    cuda_graph: bool = True,
+) -> dict[str, Any]:
     """The `Runtime` keyword arguments of the options every command that serves the model shares,
     checked once (device, backend, the `--option` syntax; the family checks the options' names
     and values when the shards load)."""

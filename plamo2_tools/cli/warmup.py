@@ -78,9 +78,12 @@ def warmup(
         return
     before, after = result.triton_kernels_before, result.triton_kernels_after
     compiled = f"{after - before} kernels compiled" if before is not None and after is not None else "no Triton cache"
-    out.print(f"warmed {len(plan.prefill)} prefill buckets and {_decode_steps(plan.slots)} decode batch sizes "
-              f"({plan.slots} slots of {plan.capacity} tokens) in {sum(result.seconds.values()):.1f} s; {compiled} "
-              f"(Triton cache {result.triton_cache}, tuning cache {result.tune_cache})", highlight=False)  # fmt: skip
+    out.print(
+        f"warmed {len(plan.prefill)} prefill buckets and {_decode_steps(plan.slots)} decode batch sizes "
+        f"({plan.slots} slots of {plan.capacity} tokens) in {sum(result.seconds.values()):.1f} s; {compiled} "
+        f"(Triton cache {result.triton_cache}, tuning cache {result.tune_cache})",
+        highlight=False,
+    )
     if result.tuned_table:
         err.print(f"wrote {result.tuned_table}", highlight=False, markup=False)
 

@@ -63,11 +63,17 @@ class ConvertResult:
             tp_rank, pp_rank = m.ranks(r)
             files = [f for f in self.plan.files if f.rank == r]
             start, stop = m.stages[pp_rank]
-            ranks.append({
-                "rank": r, "tp_rank": tp_rank, "pp_rank": pp_rank, "layers": f"{start}-{stop - 1}",
-                "files": len(files), "tensors": sum(len(f.tensors) for f in files),
-                "bytes": sum(f.layout.size for f in files),
-            })  # fmt: skip
+            ranks.append(
+                {
+                    "rank": r,
+                    "tp_rank": tp_rank,
+                    "pp_rank": pp_rank,
+                    "layers": f"{start}-{stop - 1}",
+                    "files": len(files),
+                    "tensors": sum(len(f.tensors) for f in files),
+                    "bytes": sum(f.layout.size for f in files),
+                }
+            )
         return {
             "kind": CONVERT_KIND,
             "schema_version": CONVERT_SCHEMA_VERSION,
@@ -169,8 +175,13 @@ def _verified(out: Path, f: FilePlan, records: dict[str, dict[str, Any]], pool: 
 def _jobs(writer: Writer, unit: list[FilePlan], parts: dict[str, PartialFile]) -> list[tuple[str, Job]]:
     """The unit's tensors as jobs, the TP ranks' i-th tensors next to each other: they cut the
     same source tensor, so the source is read front to back once for all of them."""
-    per_file = [[(f.name, Job(parts[f.name], t, f.layout.offsets[t.key], segments(t, writer.source)))
-                 for t in sorted(f.tensors, key=lambda t: f.layout.offsets[t.key])] for f in unit]  # fmt: skip
+    per_file = [
+        [
+            (f.name, Job(parts[f.name], t, f.layout.offsets[t.key], segments(t, writer.source)))
+            for t in sorted(f.tensors, key=lambda t: f.layout.offsets[t.key])
+        ]
+        for f in unit
+    ]
     ordered: list[tuple[str, Job]] = []
     for i in range(max(map(len, per_file))):
         ordered += [jobs[i] for jobs in per_file if i < len(jobs)]
@@ -347,8 +358,20 @@ def convert(
         raise UserError(f"--copy must be one of {', '.join(COPY_MODES)}, not {copy!r}")
     if workers is not None and workers < 1:
         raise UserError(f"--workers must be at least 1, not {workers}")
-    request = _Request(src, Path(out), tp, pp, pp_layers, dtype, max_part_size, force, copy,
-                       workers or default_workers(), verify_blobs, sync)  # fmt: skip
+    request = _Request(
+        src,
+        Path(out),
+        tp,
+        pp,
+        pp_layers,
+        dtype,
+        max_part_size,
+        force,
+        copy,
+        workers or default_workers(),
+        verify_blobs,
+        sync,
+    )
     return _convert(request, progress, on_plan)
 
 
@@ -420,14 +443,16 @@ class _Run:
     others unit by unit (their digests into the journal as each file finishes), then the side
     files, fsync as `sync` says, and the manifest last."""
 
-    def __init__(self, req: _Request, source: Source, plan: Plan, pool: ThreadPoolExecutor,
-                 progress: Progress | None) -> None:  # fmt: skip
+    def __init__(
+        self, req: _Request, source: Source, plan: Plan, pool: ThreadPoolExecutor, progress: Progress | None
+    ) -> None:
         self.req, self.out, self.source, self.plan, self.pool = req, req.out, source, plan, pool
         self.journal = Journal(req.out)
         self.writer = Writer(source, HASH, req.copy, _locked(progress))
 
-    def run(self, known_inputs: dict[str, dict[str, Any]] | None, on_plan: Callable[[Plan], None] | None,
-            start: float) -> ConvertResult:  # fmt: skip
+    def run(
+        self, known_inputs: dict[str, dict[str, Any]] | None, on_plan: Callable[[Plan], None] | None, start: float
+    ) -> ConvertResult:
         req, out, plan = self.req, self.out, self.plan
         records = _prepare_output(out, plan, req.force, _writes(self.source, plan))
         if records is None:
@@ -454,8 +479,9 @@ class _Run:
         copy = {"mode": req.copy, "workers": req.workers, "sync": req.sync, "bytes": dict(self.writer.stats)}
         return ConvertResult(out, plan, status, time.perf_counter() - start, written, reused, manifest, copy)
 
-    def write(self, todo: list[list[FilePlan]], known_inputs: dict[str, dict[str, Any]] | None
-              ) -> tuple[int, dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:  # fmt: skip
+    def write(
+        self, todo: list[list[FilePlan]], known_inputs: dict[str, dict[str, Any]] | None
+    ) -> tuple[int, dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
         """Every file of `todo`, the input record and the side files: (bytes written, input
         digests, side-file records).  A failure or an interrupt stops every job first."""
         inputs = None
@@ -484,14 +510,17 @@ class _Run:
             for unit in todo:
                 parts, digests = self._stream(unit, inputs)
                 written += sum(f.layout.size - len(f.layout.header) for f in unit)
-                finishing += [finisher.submit(_finish_file, parts[f.name], f, digests[f.name], self.journal,
-                                              self.req.sync) for f in unit]  # fmt: skip
+                finishing += [
+                    finisher.submit(_finish_file, parts[f.name], f, digests[f.name], self.journal, self.req.sync)
+                    for f in unit
+                ]
             for fut in finishing:
                 fut.result()
         return written
 
-    def _stream(self, unit: list[FilePlan], inputs: _InputDigests | None
-                ) -> tuple[dict[str, PartialFile], dict[str, dict[str, str]]]:  # fmt: skip
+    def _stream(
+        self, unit: list[FilePlan], inputs: _InputDigests | None
+    ) -> tuple[dict[str, PartialFile], dict[str, dict[str, str]]]:
         """One unit's `.partial` files, written; on failure none of them is left behind."""
         parts: dict[str, PartialFile] = {}
         try:

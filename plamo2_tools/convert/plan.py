@@ -67,8 +67,18 @@ MAX_SIZE = 2**50  # 1 PiB: any larger --max-part-size is a typo
 
 def parse_size(text: str) -> int:
     """'5GiB', '500MB', '1e9', '4096' -> bytes."""
-    units = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-             "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}  # fmt: skip
+    units = {
+        "": 1,
+        "b": 1,
+        "kb": 10**3,
+        "mb": 10**6,
+        "gb": 10**9,
+        "tb": 10**12,
+        "kib": 2**10,
+        "mib": 2**20,
+        "gib": 2**30,
+        "tib": 2**40,
+    }
     s = text.strip().lower().replace(" ", "")
     number = s.rstrip("kmgtib")
     try:

@@ -243,8 +243,16 @@ def summary(scores: Sequence[PositionScores], thresholds: Thresholds) -> dict[st
     """Aggregates over every position of these sequences (None where there is no position)."""
     n = sum(s.kl.size for s in scores)
     if n == 0:
-        return {"positions": 0, "mean_kl": None, "max_kl": None, "top1_agreement": None, "near_tie_flips": 0,
-                "max_abs_logprob_diff": None, "mean_abs_logprob_diff": None, "divergent_positions": 0}  # fmt: skip
+        return {
+            "positions": 0,
+            "mean_kl": None,
+            "max_kl": None,
+            "top1_agreement": None,
+            "near_tie_flips": 0,
+            "max_abs_logprob_diff": None,
+            "mean_abs_logprob_diff": None,
+            "divergent_positions": 0,
+        }
     kl = np.concatenate([s.kl for s in scores])
     diff = np.abs(np.concatenate([s.logprob_diff for s in scores]))
     flips = np.concatenate([s.flips for s in scores])
@@ -304,9 +312,17 @@ def first_divergence(phases: dict[str, Sequence[PositionScores | None]], thresho
                 continue
             key = (p, int(s.positions[i]), rank)
             if best is None or key < best[0]:
-                d = Divergence(p, int(s.positions[i]), phase, int(s.ref_top1[i]), int(s.target_top1[i]),
-                               int(s.next_tokens[i]), float(s.kl[i]), float(s.logprob_diff[i]),
-                               reasons(s, i, thresholds))  # fmt: skip
+                d = Divergence(
+                    p,
+                    int(s.positions[i]),
+                    phase,
+                    int(s.ref_top1[i]),
+                    int(s.target_top1[i]),
+                    int(s.next_tokens[i]),
+                    float(s.kl[i]),
+                    float(s.logprob_diff[i]),
+                    reasons(s, i, thresholds),
+                )
                 best = (key, d)
     return None if best is None else best[1]
 
@@ -323,8 +339,10 @@ def judge(
     first = first_divergence({"teacher-forced": list(teacher_forced or []), "greedy": list(greedy)}, thresholds)
     failures = []
     if first is not None:
-        failures.append(f"first divergence at prompt {first.prompt}, position {first.position} ({first.phase}): "
-                        + "; ".join(first.why))  # fmt: skip
+        failures.append(
+            f"first divergence at prompt {first.prompt}, position {first.position} ({first.phase}): "
+            + "; ".join(first.why)
+        )
     main = tf if tf is not None else gr
     mean = main["mean_kl"]
     if main["positions"] and not mean <= thresholds.kl_mean:
@@ -337,7 +355,7 @@ def judge(
             "match_tokens": matches,
             "steps": steps,
             "match_fraction": (sum(matches) / sum(steps)) if sum(steps) else None,
-        },  # fmt: skip
+        },
         "first_divergence": first.to_dict() if first is not None else None,
         "failures": failures,
         "passed": not failures,
@@ -350,10 +368,14 @@ def per_position(phase: str, per_prompt: Sequence[PositionScores | None]) -> lis
     for p, s in enumerate(per_prompt):
         if s is None or s.positions.size == 0:
             continue
-        out.append({
-            "prompt": p, "phase": phase, "positions": s.positions.tolist(),
-            "kl": s.kl.tolist(),
-            "logprob_diff": s.logprob_diff.tolist(),
-            "divergent": s.positions[s.divergent].tolist(),
-        })  # fmt: skip
+        out.append(
+            {
+                "prompt": p,
+                "phase": phase,
+                "positions": s.positions.tolist(),
+                "kl": s.kl.tolist(),
+                "logprob_diff": s.logprob_diff.tolist(),
+                "divergent": s.positions[s.divergent].tolist(),
+            }
+        )
     return out

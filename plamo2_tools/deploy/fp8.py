@@ -49,8 +49,12 @@ class W8A8Weight(torch.Tensor):
     @classmethod
     def __torch_function__(cls, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         # `a @ w` arrives as TensorBase.matmul (a plain tensor's __matmul__), torch.matmul as itself.
-        if getattr(func, "__name__", None) in ("matmul", "__matmul__") and len(args) == 2 \
-                and type(args[1]) is cls and type(args[0]) is not cls:  # fmt: skip
+        if (
+            getattr(func, "__name__", None) in ("matmul", "__matmul__")
+            and len(args) == 2
+            and type(args[1]) is cls
+            and type(args[0]) is not cls
+        ):
             return torch.matmul(fake_quantize_tokens(args[0]), args[1].as_subclass(torch.Tensor))
         return super().__torch_function__(func, types, args, kwargs or {})
 
@@ -97,8 +101,9 @@ def quantized_names(ckpt: HFCheckpoint, where: str) -> set[str]:
             problems.append(f"{name}: not a float tensor")
     problems += [f"missing tensor {n}" for n in expected if n not in ckpt.tensors]
     if problems:
-        raise CheckpointError(f"{where}: not an FP8 export of this model ({len(problems)} problem(s)): "
-                              + "; ".join(problems[:5]))  # fmt: skip
+        raise CheckpointError(
+            f"{where}: not an FP8 export of this model ({len(problems)} problem(s)): " + "; ".join(problems[:5])
+        )
     if not quantized:
         raise CheckpointError(f"{where}: config.json says FP8 but no tensor is float8_e4m3fn")
     return quantized
@@ -111,8 +116,14 @@ class FP8Target:
     full_logits = True
     top_k = 0
 
-    def __init__(self, spec: str, dtype: str = "float64", activations: bool = True, check_writer: bool = True,
-                 reference_config: Any = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        spec: str,
+        dtype: str = "float64",
+        activations: bool = True,
+        check_writer: bool = True,
+        reference_config: Any = None,
+    ) -> None:
         """`dtype`: the forward's precision (float64, or float32 for a big model on CPU);
         `activations` False runs the dequantized weights alone (weight-only); `check_writer`:
         refuse a directory one of our writers is still writing (export's own verification, which

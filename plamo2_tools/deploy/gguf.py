@@ -31,9 +31,11 @@ from .target import Continuation, Scores
 PLAMO_EOT_PIECE = "<|plamo:op|>"
 # What llama.cpp does with a PLaMo 2 GGUF whose layer 0 has head count 0 (every file llama.cpp's own
 # converter writes; model/plamo2/gguf.py, ROPE_FIX): measured with llama-cpp-python 0.3.36.
-NO_ROPE = ("n_rot = 0: llama.cpp takes the RoPE size from layer 0's head count, 0 on a Mamba layer; this "
-           "llama.cpp (llama-cpp-python 0.3.36, CPU) then never finishes a forward, older ones run without RoPE. "
-           "Re-export with plamo2-tools (head_count[0] set) to run it")  # fmt: skip
+NO_ROPE = (
+    "n_rot = 0: llama.cpp takes the RoPE size from layer 0's head count, 0 on a Mamba layer; this "
+    "llama.cpp (llama-cpp-python 0.3.36, CPU) then never finishes a forward, older ones run without RoPE. "
+    "Re-export with plamo2-tools (head_count[0] set) to run it"
+)
 
 
 # ---- the metadata lint --------------------------------------------------------------------------
@@ -110,36 +112,73 @@ def lint(meta: dict[str, Any], reference: str | Path) -> list[Finding]:
             found.append(Finding(key, value, expected, effect, diverges))
 
     if arch is None:
-        return [Finding("general.architecture", meta.get("general.architecture"), None,
-                        f"{family.description} has no llama.cpp architecture")]  # fmt: skip
+        return [
+            Finding(
+                "general.architecture",
+                meta.get("general.architecture"),
+                None,
+                f"{family.description} has no llama.cpp architecture",
+            )
+        ]
     got_arch = meta.get("general.architecture")
     if got_arch != arch.arch:
         return [Finding("general.architecture", got_arch, arch.arch, "not this model's llama.cpp architecture")]
     a = arch.arch
     tokens = meta.get("tokenizer.ggml.tokens") or []
     if len(tokens) != cfg.vocab_size:
-        found.append(Finding("tokenizer.ggml.tokens", len(tokens), cfg.vocab_size,
-                             "llama.cpp's vocabulary (and logits) have another size"))  # fmt: skip
+        found.append(
+            Finding(
+                "tokenizer.ggml.tokens",
+                len(tokens),
+                cfg.vocab_size,
+                "llama.cpp's vocabulary (and logits) have another size",
+            )
+        )
     check(f"{a}.block_count", cfg.num_hidden_layers, "another number of layers")
     check(f"{a}.embedding_length", cfg.hidden_size, "another hidden size")
     check(f"{a}.attention.layer_norm_rms_epsilon", cfg.rms_norm_eps, "another RMSNorm epsilon")
     found += _family_lint(meta, cfg, a, family.name)
     eos = set(cfg.eos_token_ids)
     if eos and meta.get("tokenizer.ggml.eos_token_id") not in eos:
-        found.append(Finding("tokenizer.ggml.eos_token_id", meta.get("tokenizer.ggml.eos_token_id"), sorted(eos),
-                             "llama.cpp ends generation on another token", diverges=False))  # fmt: skip
+        found.append(
+            Finding(
+                "tokenizer.ggml.eos_token_id",
+                meta.get("tokenizer.ggml.eos_token_id"),
+                sorted(eos),
+                "llama.cpp ends generation on another token",
+                diverges=False,
+            )
+        )
     if cfg.bos_token_id is not None and meta.get("tokenizer.ggml.bos_token_id") not in (None, cfg.bos_token_id):
-        found.append(Finding("tokenizer.ggml.bos_token_id", meta.get("tokenizer.ggml.bos_token_id"),
-                             cfg.bos_token_id, "llama.cpp starts a text with another token"))  # fmt: skip
+        found.append(
+            Finding(
+                "tokenizer.ggml.bos_token_id",
+                meta.get("tokenizer.ggml.bos_token_id"),
+                cfg.bos_token_id,
+                "llama.cpp starts a text with another token",
+            )
+        )
     if meta.get("tokenizer.ggml.add_bos_token") is not True:
-        found.append(Finding("tokenizer.ggml.add_bos_token", meta.get("tokenizer.ggml.add_bos_token"), True,
-                             "llama.cpp's tokenizer adds no BOS to a text (PLaMo's does); token-id prompts are "
-                             "not affected", diverges=False))  # fmt: skip
+        found.append(
+            Finding(
+                "tokenizer.ggml.add_bos_token",
+                meta.get("tokenizer.ggml.add_bos_token"),
+                True,
+                "llama.cpp's tokenizer adds no BOS to a text (PLaMo's does); token-id prompts are not affected",
+                diverges=False,
+            )
+        )
     eot_piece = PLAMO_EOT_PIECE in tokens and tokens.index(PLAMO_EOT_PIECE)
     if meta.get("tokenizer.ggml.eot_token_id") != eot_piece:
-        found.append(Finding("tokenizer.ggml.eot_token_id", meta.get("tokenizer.ggml.eot_token_id"),
-                             eot_piece if eot_piece is not False else None,
-                             f"end of turn is not {PLAMO_EOT_PIECE}", diverges=False))  # fmt: skip
+        found.append(
+            Finding(
+                "tokenizer.ggml.eot_token_id",
+                meta.get("tokenizer.ggml.eot_token_id"),
+                eot_piece if eot_piece is not False else None,
+                f"end of turn is not {PLAMO_EOT_PIECE}",
+                diverges=False,
+            )
+        )
     notes = [Finding(n.fact, None, None, n.text, n.diverges) for n in arch.runtime_notes(cfg)]
     return found + notes
 
@@ -169,10 +208,12 @@ def _family_lint(meta: dict[str, Any], cfg: Any, a: str, family: str) -> list[Fi
             found.append(Finding(f"{a}.attention.key_length", key, head_dim, "another head size"))
         if isinstance(heads, list) and heads and heads[0] == 0:
             found.append(Finding(f"{a}.rope.dimension_count", 0, head_dim, NO_ROPE))
-        for key, want, what in ((f"{a}.ssm.state_size", cfg.mamba_d_state, "Mamba state size"),
-                                (f"{a}.ssm.conv_kernel", cfg.mamba_d_conv, "Mamba convolution width"),
-                                (f"{a}.ssm.time_step_rank", cfg.mamba_num_heads, "Mamba head count"),
-                                (f"{a}.ssm.inner_size", cfg.mamba_inner, "Mamba inner width")):  # fmt: skip
+        for key, want, what in (
+            (f"{a}.ssm.state_size", cfg.mamba_d_state, "Mamba state size"),
+            (f"{a}.ssm.conv_kernel", cfg.mamba_d_conv, "Mamba convolution width"),
+            (f"{a}.ssm.time_step_rank", cfg.mamba_num_heads, "Mamba head count"),
+            (f"{a}.ssm.inner_size", cfg.mamba_inner, "Mamba inner width"),
+        ):
             if meta.get(key) != want:
                 found.append(Finding(key, meta.get(key), want, f"another {what}"))
     else:
@@ -185,17 +226,35 @@ def _family_lint(meta: dict[str, Any], cfg: Any, a: str, family: str) -> list[Fi
             found.append(Finding(f"{a}.attention.key_length", key, head_dim, "another head size"))
         local = meta.get(f"{a}.rope.freq_base_swa")
         if not _close(local, cfg.rope_sliding.theta):
-            found.append(Finding(f"{a}.rope.freq_base_swa", local, cfg.rope_sliding.theta,
-                                 "the sliding layers rotate with another RoPE base"))  # fmt: skip
+            found.append(
+                Finding(
+                    f"{a}.rope.freq_base_swa",
+                    local,
+                    cfg.rope_sliding.theta,
+                    "the sliding layers rotate with another RoPE base",
+                )
+            )
         if "sliding_attention" in cfg.layer_types:
             window = meta.get(f"{a}.attention.sliding_window")
             if window != cfg.window_size:
-                found.append(Finding(f"{a}.attention.sliding_window", window, cfg.window_size,
-                                     "the sliding layers see another window"))  # fmt: skip
+                found.append(
+                    Finding(
+                        f"{a}.attention.sliding_window",
+                        window,
+                        cfg.window_size,
+                        "the sliding layers see another window",
+                    )
+                )
             pattern = meta.get(f"{a}.attention.sliding_window_pattern", 8)
             if pattern != cfg.sliding_window_pattern:
-                found.append(Finding(f"{a}.attention.sliding_window_pattern", pattern, cfg.sliding_window_pattern,
-                                     "other layers are sliding"))  # fmt: skip
+                found.append(
+                    Finding(
+                        f"{a}.attention.sliding_window_pattern",
+                        pattern,
+                        cfg.sliding_window_pattern,
+                        "other layers are sliding",
+                    )
+                )
         found += _yarn_lint(meta, cfg, a)
     base = meta.get(f"{a}.rope.freq_base", 10000.0)
     if not _close(base, theta):
@@ -212,10 +271,20 @@ def _yarn_lint(meta: dict[str, Any], cfg: Any, a: str) -> list[Finding]:
         return []
     found = []
     if kind != "yarn":
-        found.append(Finding(f"{a}.rope.scaling.type", kind, "yarn",
-                             "no YaRN: llama.cpp runs the plain RoPE where the reference scales it"))  # fmt: skip
-    for key, want in (("factor", rope.yarn_factor), ("original_context_length", rope.original_max_positions),
-                      ("yarn_beta_fast", rope.beta_fast), ("yarn_beta_slow", rope.beta_slow)):  # fmt: skip
+        found.append(
+            Finding(
+                f"{a}.rope.scaling.type",
+                kind,
+                "yarn",
+                "no YaRN: llama.cpp runs the plain RoPE where the reference scales it",
+            )
+        )
+    for key, want in (
+        ("factor", rope.yarn_factor),
+        ("original_context_length", rope.original_max_positions),
+        ("yarn_beta_fast", rope.beta_fast),
+        ("yarn_beta_slow", rope.beta_slow),
+    ):
         default = {"yarn_beta_fast": 32.0, "yarn_beta_slow": 1.0}.get(key)
         got = meta.get(f"{a}.rope.scaling.{key}", default)
         if not _close(got, want):
@@ -275,8 +344,15 @@ class GGUFTarget:
     full_logits = True
     top_k = 0
 
-    def __init__(self, spec: str, reference: str | Path | None = None, n_ctx: int = 4096,
-                 n_threads: int | None = None, vocab_size: int | None = None, **options: Any) -> None:  # fmt: skip
+    def __init__(
+        self,
+        spec: str,
+        reference: str | Path | None = None,
+        n_ctx: int = 4096,
+        n_threads: int | None = None,
+        vocab_size: int | None = None,
+        **options: Any,
+    ) -> None:
         self.location = spec
         self.llm: Any = None
         path = Path(spec)
@@ -286,17 +362,25 @@ class GGUFTarget:
             import gguf  # noqa: F401
             import llama_cpp
         except ImportError as e:
-            raise UserError(f"{spec}: verifying a gguf target needs {e.name or 'llama_cpp'} "
-                            "(pip install 'plamo2-tools[gguf]'; bench/llama_cpp.sh)") from None  # fmt: skip
+            raise UserError(
+                f"{spec}: verifying a gguf target needs {e.name or 'llama_cpp'} "
+                "(pip install 'plamo2-tools[gguf]'; bench/llama_cpp.sh)"
+            ) from None
         self.metadata = read_metadata(path)
         self.findings = lint(self.metadata, reference) if reference is not None else []
         self._llama_cpp = llama_cpp
         _capture_llama_log(llama_cpp)
         self.n_ctx = n_ctx
         try:
-            self.llm = llama_cpp.Llama(model_path=str(path), n_ctx=n_ctx, n_batch=min(n_ctx, 512),
-                                       n_ubatch=min(n_ctx, 512), logits_all=True, verbose=False,
-                                       n_threads=n_threads or max(1, min(8, os.cpu_count() or 1)))  # fmt: skip
+            self.llm = llama_cpp.Llama(
+                model_path=str(path),
+                n_ctx=n_ctx,
+                n_batch=min(n_ctx, 512),
+                n_ubatch=min(n_ctx, 512),
+                logits_all=True,
+                verbose=False,
+                n_threads=n_threads or max(1, min(8, os.cpu_count() or 1)),
+            )
         except (ValueError, RuntimeError) as e:
             why = _last_error() or str(e)[:160]
             known = [f.effect for f in self.findings if f.key == "vocab"]
@@ -335,8 +419,9 @@ class GGUFTarget:
         if self.metadata.get("general.architecture") == "plamo2" and isinstance(heads, list) and heads[:1] == [0]:
             raise CheckFailed(f"{self.location}: not run: {NO_ROPE}")
         if len(seq) > self.n_ctx:
-            raise UserError(f"{self.location}: a sequence of {len(seq)} tokens is longer than the context "
-                            f"n_ctx = {self.n_ctx}")  # fmt: skip
+            raise UserError(
+                f"{self.location}: a sequence of {len(seq)} tokens is longer than the context n_ctx = {self.n_ctx}"
+            )
         bad = [t for t in seq if not 0 <= int(t) < self.vocab]
         if bad:
             raise UserError(f"token id(s) {bad[:5]} outside the GGUF vocabulary [0, {self.vocab})")

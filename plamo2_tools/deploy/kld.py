@@ -115,8 +115,10 @@ def read_base(path: str | Path) -> KLDBase:
             n_rows, width = scored_rows(n_ctx), row_width(n_vocab)
             expected = HEADER.size + 4 * n_chunk * n_ctx + 2 * n_chunk * n_rows * width
             if size != expected:
-                raise CheckpointError(f"{path}: {size} bytes, but its header (n_ctx={n_ctx}, n_vocab={n_vocab}, "
-                                      f"n_chunk={n_chunk}) means {expected}")  # fmt: skip
+                raise CheckpointError(
+                    f"{path}: {size} bytes, but its header (n_ctx={n_ctx}, n_vocab={n_vocab}, "
+                    f"n_chunk={n_chunk}) means {expected}"
+                )
             tokens = np.frombuffer(f.read(4 * n_chunk * n_ctx), "<i4").astype(np.int32)
             rows = np.frombuffer(f.read(), "<u2").reshape(n_chunk, n_rows, width).astype(np.uint16)
     except OSError as e:
@@ -137,9 +139,16 @@ def chunk_sequences(tokens: Sequence[int], n_ctx: int, bos: int | None, chunks: 
     return out
 
 
-def write_base(path: Path, tokens: Sequence[int], n_ctx: int, n_vocab: int, bos: int | None,
-               logits_of: Callable[[list[int]], np.ndarray], chunks: int | None = None,
-               progress: Callable[[int], None] | None = None) -> int:  # fmt: skip
+def write_base(
+    path: Path,
+    tokens: Sequence[int],
+    n_ctx: int,
+    n_vocab: int,
+    bos: int | None,
+    logits_of: Callable[[list[int]], np.ndarray],
+    chunks: int | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> int:
     """Write the base file for `tokens` (the text as tokenized, BOS in front when added), each
     chunk evaluated by `logits_of` (the reference: (n_ctx, >= n_vocab) float logits).  Written as
     PATH.partial, created fresh, renamed at the end.  Returns the number of chunks."""
@@ -178,8 +187,10 @@ def write_base(path: Path, tokens: Sequence[int], n_ctx: int, n_vocab: int, bos:
 _STAT = re.compile(
     r"^(?P<name>[^:]+?)\s*:\s*(?P<value>-?[\d.]+(?:e[-+]?\d+)?|nan|inf)\s*(?:±\s*(?P<unc>-?[\d.]+))?\s*%?\s*$"
 )
-_CHUNK = re.compile(r"^\s*(\d+)\s+(-?[\d.]+)\s+±\s+(-?[\d.]+)\s+(-?[\d.]+)\s+±\s+(-?[\d.]+)\s+(-?[\d.]+)\s+±\s+"
-                    r"(-?[\d.]+)\s+(-?[\d.]+)\s+±\s+(-?[\d.]+)\s+%\s+(-?[\d.]+)\s+±\s+(-?[\d.]+)\s+%\s*$")  # fmt: skip
+_CHUNK = re.compile(
+    r"^\s*(\d+)\s+(-?[\d.]+)\s+±\s+(-?[\d.]+)\s+(-?[\d.]+)\s+±\s+(-?[\d.]+)\s+(-?[\d.]+)\s+±\s+"
+    r"(-?[\d.]+)\s+(-?[\d.]+)\s+±\s+(-?[\d.]+)\s+%\s+(-?[\d.]+)\s+±\s+(-?[\d.]+)\s+%\s*$"
+)
 
 
 def read_kld_report(text: str) -> dict[str, Any]:
@@ -192,8 +203,16 @@ def read_kld_report(text: str) -> dict[str, Any]:
         m = _CHUNK.match(line)
         if m:
             v = [float(x) for x in m.groups()]
-            chunks.append({"chunk": int(v[0]), "ppl": v[1], "ln_ppl_ratio": v[3], "mean_kld": v[5],
-                           "rms_dp": v[7] / 100, "same_top_p": v[9] / 100})  # fmt: skip
+            chunks.append(
+                {
+                    "chunk": int(v[0]),
+                    "ppl": v[1],
+                    "ln_ppl_ratio": v[3],
+                    "mean_kld": v[5],
+                    "rms_dp": v[7] / 100,
+                    "same_top_p": v[9] / 100,
+                }
+            )
             continue
         m = _STAT.match(line.strip())
         if m and ("KLD" in m["name"] or "PPL" in m["name"] or "Δp" in m["name"] or "top p" in m["name"]):
@@ -217,9 +236,18 @@ def read_kld_report(text: str) -> dict[str, Any]:
 TEXT_BYTES = 256 * 2**20
 
 
-def make_base(src: Path, out: Path, text: Path, n_ctx: int = 512, chunks: int | None = None,
-              add_bos: bool | None = None, force: bool = False, device: str = "cpu", precision: str = "float64",
-              progress: Callable[[int], None] | None = None) -> dict[str, Any]:  # fmt: skip
+def make_base(
+    src: Path,
+    out: Path,
+    text: Path,
+    n_ctx: int = 512,
+    chunks: int | None = None,
+    add_bos: bool | None = None,
+    force: bool = False,
+    device: str = "cpu",
+    precision: str = "float64",
+    progress: Callable[[int], None] | None = None,
+) -> dict[str, Any]:
     """`plamo2-tools kld-base`: tokenize `text` with the checkpoint's tokenizer (PLaMo's native one),
     run the reference forward on every chunk as llama-perplexity would run the GGUF, write the
     base file.  `add_bos` defaults to the tokenizer's own rule (tokenizer_config.json)."""
@@ -263,6 +291,15 @@ def make_base(src: Path, out: Path, text: Path, n_ctx: int = 512, chunks: int | 
             return family.reference_logits(ckpt, [seq], dtype, device, **options)[0].double().numpy()
 
         n_chunk = write_base(out, tokens, n_ctx, cfg.vocab_size, bos, logits_of, chunks, progress)
-    return {"kind": KLD_BASE_KIND, "file": str(out), "n_ctx": n_ctx, "n_vocab": cfg.vocab_size, "n_chunk": n_chunk,
-            "tokens": len(tokens), "add_bos": bos is not None, "scored_per_chunk": scored_rows(n_ctx),
-            "reference_precision": precision, "reference_options": options}  # fmt: skip
+    return {
+        "kind": KLD_BASE_KIND,
+        "file": str(out),
+        "n_ctx": n_ctx,
+        "n_vocab": cfg.vocab_size,
+        "n_chunk": n_chunk,
+        "tokens": len(tokens),
+        "add_bos": bos is not None,
+        "scored_per_chunk": scored_rows(n_ctx),
+        "reference_precision": precision,
+        "reference_options": options,
+    }

@@ -116,8 +116,9 @@ class MLXTarget:
             tokens: list[int] = []
             rows: list[np.ndarray] = []
             try:
-                steps = generate_step(mx.array(list(map(int, prompt)), dtype=mx.int32), self.model,
-                                      max_tokens=max_new_tokens)  # fmt: skip
+                steps = generate_step(
+                    mx.array(list(map(int, prompt)), dtype=mx.int32), self.model, max_tokens=max_new_tokens
+                )
                 for token, logprobs in steps:
                     tokens.append(int(token))
                     rows.append(log_softmax(np.array(logprobs.astype(mx.float32))[: self.config.vocab_size]))

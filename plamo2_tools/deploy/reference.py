@@ -86,8 +86,9 @@ class Reference:
 
         from ..verify import reference_outputs
 
-        ref = reference_outputs(self.path, [list(p) for p in prompts], max_new_tokens, self.dtype, self.device,
-                                progress, options)  # fmt: skip
+        ref = reference_outputs(
+            self.path, [list(p) for p in prompts], max_new_tokens, self.dtype, self.device, progress, options
+        )
         rows = []
         for prompt_logits, steps in zip(ref.prompt_logits, ref.step_logits, strict=True):
             # step k's logits are those of position len(prompt) - 1 + k: step 0 is the prompt's last row

@@ -92,8 +92,9 @@ class Http:
         message = _error_message(e)
         status = f"HTTP {e.code}" + (f": {message}" if message else "")
         if e.code in (401, 403):
-            return UserError(f"{url}: the server refused the request ({status}); pass its key with --api-key "
-                             "or PLAMO2_API_KEY")  # fmt: skip
+            return UserError(
+                f"{url}: the server refused the request ({status}); pass its key with --api-key or PLAMO2_API_KEY"
+            )
         if e.code == 404:
             return ServerRefused(f"{url}: not found ({status})", e.code, message)
         return ServerRefused(f"{url}: the server refused the request ({status})", e.code, message)
@@ -225,8 +226,10 @@ def read_steps(choice: dict[str, Any], names: TokenNames, where: str) -> Steps:
     values = _need(lp.get("token_logprobs"), list, f"{where}.logprobs.token_logprobs")
     tops = _need(lp.get("top_logprobs", [None] * len(tokens)), list, f"{where}.logprobs.top_logprobs")
     if not len(tokens) == len(values) == len(tops):
-        raise UserError(f"{where}.logprobs: tokens, token_logprobs and top_logprobs differ in length "
-                        f"({len(tokens)}, {len(values)}, {len(tops)})")  # fmt: skip
+        raise UserError(
+            f"{where}.logprobs: tokens, token_logprobs and top_logprobs differ in length "
+            f"({len(tokens)}, {len(values)}, {len(tops)})"
+        )
     for j, (name, value, alts) in enumerate(zip(tokens, values, tops, strict=True)):
         steps.ids.append(names.id_of(name, f"{where}.logprobs.tokens[{j}]"))
         steps.logprobs.append(None if value is None else _number(value, f"{where}.logprobs.token_logprobs[{j}]"))
@@ -295,8 +298,10 @@ class ServerTarget:
         self._echo: tuple[bool, str] | None = None
         self.models, self.max_model_len = self._models()
         if model is not None and model not in self.models:
-            raise UserError(f"{self.http.root}/v1/models: the server does not serve {model!r} "
-                            f"(it serves {', '.join(map(repr, self.models))})")  # fmt: skip
+            raise UserError(
+                f"{self.http.root}/v1/models: the server does not serve {model!r} "
+                f"(it serves {', '.join(map(repr, self.models))})"
+            )
         self.model = model or self.models[0]
 
     def _note(self, text: str) -> None:
@@ -309,8 +314,10 @@ class ServerTarget:
         where = f"{self.http.root}/v1/models"
         answer = _need(self.http.get("/v1/models"), dict, f"{where}: the answer")
         data = _need(answer.get("data"), list, f"{where}: data")
-        ids = [_need(_need(m, dict, f"{where}: data[{i}]").get("id"), str, f"{where}: data[{i}].id")
-               for i, m in enumerate(data)]  # fmt: skip
+        ids = [
+            _need(_need(m, dict, f"{where}: data[{i}]").get("id"), str, f"{where}: data[{i}].id")
+            for i, m in enumerate(data)
+        ]
         if not ids:
             raise UserError(f"{where}: the server lists no model")
         first = data[0].get("max_model_len")
@@ -338,11 +345,17 @@ class ServerTarget:
     def info(self) -> dict[str, Any]:
         echo = self._echo
         return {
-            "runtime": "OpenAI-compatible server", "base_url": self.http.root, "model": self.model,
-            "models": self.models, "max_model_len": self.max_model_len, "top_k": self.top_k,
-            "prompt_logprobs": None if echo is None else echo[0], "prompt_logprobs_detail": None if echo is None
-            else echo[1], "unresolved_token_texts": self.names.unresolved, "notes": list(self.notes),
-        }  # fmt: skip
+            "runtime": "OpenAI-compatible server",
+            "base_url": self.http.root,
+            "model": self.model,
+            "models": self.models,
+            "max_model_len": self.max_model_len,
+            "top_k": self.top_k,
+            "prompt_logprobs": None if echo is None else echo[0],
+            "prompt_logprobs_detail": None if echo is None else echo[1],
+            "unresolved_token_texts": self.names.unresolved,
+            "notes": list(self.notes),
+        }
 
     def can_score(self) -> bool:
         """Probe once: an echo request for two tokens must give back both with a log-prob for the
@@ -374,13 +387,17 @@ class ServerTarget:
         steps = read_steps(_one_choice(self._complete(body), where), self.names, f"{where}: choices[0]")
         n = len(ids)
         if len(steps.ids) < n or all(v is None for v in steps.logprobs[1:n]):
-            raise NoEcho(f"the answer holds {len(steps.ids)} token(s) for a {n}-token prompt with echo: the "
-                         "server does not echo prompt log-probs")  # fmt: skip
+            raise NoEcho(
+                f"the answer holds {len(steps.ids)} token(s) for a {n}-token prompt with echo: the "
+                "server does not echo prompt log-probs"
+            )
         echoed = steps.ids[:n]
         if any(e is not None and e != t for e, t in zip(echoed, ids, strict=True)):
             j = next(j for j, (e, t) in enumerate(zip(echoed, ids, strict=True)) if e is not None and e != t)
-            raise UserError(f"{where}: the echoed prompt differs from the ids sent at token {j} ({echoed[j]} for "
-                            f"{ids[j]}): the server re-tokenized or added tokens")  # fmt: skip
+            raise UserError(
+                f"{where}: the echoed prompt differs from the ids sent at token {j} ({echoed[j]} for "
+                f"{ids[j]}): the server re-tokenized or added tokens"
+            )
         values, tops = [], []
         for j in range(start + 1, n):
             v, top = steps.logprobs[j], steps.top[j]
@@ -395,34 +412,48 @@ class ServerTarget:
     def greedy(self, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> list[Continuation]:
         out = []
         for i, p in enumerate(prompts):
-            body = {"prompt": list(p), "max_tokens": max_new_tokens, "temperature": 0, "logprobs": self.top_k,
-                    "ignore_eos": True}  # fmt: skip
+            body = {
+                "prompt": list(p),
+                "max_tokens": max_new_tokens,
+                "temperature": 0,
+                "logprobs": self.top_k,
+                "ignore_eos": True,
+            }
             where = f"{self.http.root}/v1/completions (greedy, prompt {i})"
             choice = _one_choice(self._complete(body), where)
             steps = read_steps(choice, self.names, f"{where}: choices[0]")
             ids = list(steps.ids)
             given = choice.get("token_ids")
             if given is not None:  # vLLM's return_token_ids: the ids themselves
-                given = [_checked_id(t, self.vocab_size, f"{where}: token_ids[{k}]")
-                         for k, t in enumerate(_need(given, list, f"{where}: token_ids"))]  # fmt: skip
+                given = [
+                    _checked_id(t, self.vocab_size, f"{where}: token_ids[{k}]")
+                    for k, t in enumerate(_need(given, list, f"{where}: token_ids"))
+                ]
                 if len(given) == len(ids):
                     ids = list(given)
             if any(t is None for t in ids):
-                raise UserError(f"{where}: cannot tell which token ids the server generated (its logprobs name "
-                                "tokens by text, and those texts are ambiguous in this vocabulary)")  # fmt: skip
+                raise UserError(
+                    f"{where}: cannot tell which token ids the server generated (its logprobs name "
+                    "tokens by text, and those texts are ambiguous in this vocabulary)"
+                )
             if any(v is None for v in steps.logprobs):
                 raise UserError(f"{where}: a generated token has no log-prob")
             reason = choice.get("finish_reason")
             tops = [dict(sorted((t or {}).items(), key=lambda kv: (-kv[1], kv[0]))[: self.top_k]) for t in steps.top]
-            out.append(Continuation([int(t) for t in ids], [float(v) for v in steps.logprobs],  # type: ignore[arg-type]
-                                    top=tops, finish_reason=reason if isinstance(reason, str) else None))  # fmt: skip
+            out.append(
+                Continuation(
+                    [int(t) for t in ids],
+                    [float(v) for v in steps.logprobs],  # type: ignore[arg-type]
+                    top=tops,
+                    finish_reason=reason if isinstance(reason, str) else None,
+                )
+            )
         return out
 
     def tokenize(self, text: str) -> list[int] | None:
         """vLLM's, SGLang's and our `/tokenize` take `prompt` + `add_special_tokens`; llama-server's
         takes `content` + `add_special`: one body carries both.  None when there is no such route."""
-        body = {"model": self.model, "prompt": text, "add_special_tokens": False, "content": text,
-                "add_special": False}  # fmt: skip
+        body = {"model": self.model, "prompt": text, "add_special_tokens": False, "content": text, "add_special": False}
         try:
             answer = self.http.post("/tokenize", body)
         except ServerRefused as e:

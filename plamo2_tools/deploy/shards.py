@@ -67,8 +67,14 @@ class ShardsTarget:
         verify_shard_files(self.manifest, range(world), digests=verify_files)
         self.launch = launch
         # Checked just now: the runtime need not hash the files again.
-        self.runtime = {"shards": spec, "device": device, "backend": backend, "prefill_chunk": prefill_chunk,
-                        "verify_files": False, "forward_options": dict(forward_options or {})}  # fmt: skip
+        self.runtime = {
+            "shards": spec,
+            "device": device,
+            "backend": backend,
+            "prefill_chunk": prefill_chunk,
+            "verify_files": False,
+            "forward_options": dict(forward_options or {}),
+        }
         self._rt: Any = None
         self._tokenizer: Any = None
 
@@ -86,11 +92,17 @@ class ShardsTarget:
     def info(self) -> dict[str, Any]:
         m = self.manifest.mapping
         return {
-            "runtime": f"plamo2-tools {__version__}", "shards": self.location, "tp": m.tp, "pp": m.pp,
-            "world_size": m.world_size, "precision": dtype_name(self.manifest.activation_dtype),
-            "device": self.runtime["device"], "backend": self.runtime["backend"], "launch": self.launch,
+            "runtime": f"plamo2-tools {__version__}",
+            "shards": self.location,
+            "tp": m.tp,
+            "pp": m.pp,
+            "world_size": m.world_size,
+            "precision": dtype_name(self.manifest.activation_dtype),
+            "device": self.runtime["device"],
+            "backend": self.runtime["backend"],
+            "launch": self.launch,
             "forward_options": self.runtime["forward_options"],
-        }  # fmt: skip
+        }
 
     def can_score(self) -> bool:
         return True

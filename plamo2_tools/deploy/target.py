@@ -143,8 +143,10 @@ def open_target(kind: str, spec: str, **options: Any) -> Target:
     try:
         adapter = getattr(importlib.import_module(module), cls)
     except ImportError as e:
-        raise UserError(f"{spec}: verifying a {kind} target needs {e.name or 'an optional package'} "
-                        f"(pip install 'plamo2-tools[{kind}]')") from None  # fmt: skip
+        raise UserError(
+            f"{spec}: verifying a {kind} target needs {e.name or 'an optional package'} "
+            f"(pip install 'plamo2-tools[{kind}]')"
+        ) from None
     params = inspect.signature(adapter).parameters
     if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
         options = {k: v for k, v in options.items() if k in params}

@@ -71,8 +71,15 @@ def tokenizer_parity(target: Target, tokenizer: Any, text: str = PARITY_TEXT) ->
     if theirs == ours:
         return {"checked": True, "equal": True, "tokens": len(ours)}
     j = next((i for i, (a, b) in enumerate(zip(ours, theirs, strict=False)) if a != b), min(len(ours), len(theirs)))
-    return {"checked": True, "equal": False, "tokens": len(ours), "target_tokens": len(theirs), "first_difference": j,
-            "reference_ids": ours[j : j + 5], "target_ids": theirs[j : j + 5]}  # fmt: skip
+    return {
+        "checked": True,
+        "equal": False,
+        "tokens": len(ours),
+        "target_tokens": len(theirs),
+        "first_difference": j,
+        "reference_ids": ours[j : j + 5],
+        "target_ids": theirs[j : j + 5],
+    }
 
 
 class ReferenceCache:
@@ -111,15 +118,32 @@ def compare_target(
         tf = []
         for seq, sc, ref in zip(sequences, scores, ref_sequences, strict=True):
             span = range(sc.start, len(seq) - 1)
-            tf.append(score_positions(ref[sc.start :], seq[sc.start + 1 :], thresholds, positions=span, top=sc.top,
-                                      target_lp=sc.logprobs, target_token_lp=sc.token_logprobs))  # fmt: skip
+            tf.append(
+                score_positions(
+                    ref[sc.start :],
+                    seq[sc.start + 1 :],
+                    thresholds,
+                    positions=span,
+                    top=sc.top,
+                    target_lp=sc.logprobs,
+                    target_token_lp=sc.token_logprobs,
+                )
+            )
     greedy = []
     for prompt, cont, ref in zip(prompts, continuations, ref_paths, strict=True):
         n = len(cont.tokens)
         span = range(len(prompt) - 1, len(prompt) - 1 + n)
-        greedy.append(score_positions(ref[len(prompt) - 1 : len(prompt) - 1 + n], cont.tokens, thresholds,
-                                      positions=span, target_lp=cont.logprobs, top=cont.top,
-                                      target_token_lp=cont.token_logprobs))  # fmt: skip
+        greedy.append(
+            score_positions(
+                ref[len(prompt) - 1 : len(prompt) - 1 + n],
+                cont.tokens,
+                thresholds,
+                positions=span,
+                target_lp=cont.logprobs,
+                top=cont.top,
+                target_token_lp=cont.token_logprobs,
+            )
+        )
     result = judge(tf, greedy, thresholds)
     result["positions"] = per_position("teacher-forced", tf or []) + per_position("greedy", greedy)
     return result
@@ -137,16 +161,21 @@ def reference_tokenizer(path: Any) -> Any:
         return None
 
 
-def open_targets(kinds_and_specs: Sequence[tuple[str, str]], reference: Reference, tokenizer: Any,
-                 **options: Any) -> list[Target]:  # fmt: skip
+def open_targets(
+    kinds_and_specs: Sequence[tuple[str, str]], reference: Reference, tokenizer: Any, **options: Any
+) -> list[Target]:
     """Open every target with what each adapter may want from the reference (`open_target` gives
     each the options its constructor names); those opened already are closed if one fails."""
     from .target import open_target
 
     cfg = reference.config
     text = TokenText(tokenizer)
-    common = {"vocab_size": cfg.vocab_size, "token_texts": lambda: text.all(cfg.vocab_size),
-              "reference": reference.path, "reference_config": cfg}  # fmt: skip
+    common = {
+        "vocab_size": cfg.vocab_size,
+        "token_texts": lambda: text.all(cfg.vocab_size),
+        "reference": reference.path,
+        "reference_config": cfg,
+    }
     opened: list[Target] = []
     try:
         for kind, spec in kinds_and_specs:
@@ -182,28 +211,45 @@ def verify_targets(
     text = TokenText(tokenizer)
     results = []
     for target in targets:
-        results.append(_one_target(target, cache, prompts, sequences, max_new_tokens, conventions, target_precision,
-                                   tokenizer, text, tick))  # fmt: skip
-    return jsonable({
-        "kind": VERIFY_TARGETS_KIND,
-        "schema_version": VERIFY_TARGETS_SCHEMA_VERSION,
-        "reference": {"path": str(reference.path), "precision": reference.precision, "device": reference.device,
-                      "family": reference.family.name, "vocab_size": reference.config.vocab_size},
-        "prompts": {"count": len(prompts), "lengths": [len(p) for p in prompts], "source": prompt_source},
-        "max_new_tokens": max_new_tokens,
-        "conventions": [convention_label(c) for c in conventions],
-        "pinned": dict(pinned or {}),
-        "reference_greedy": ref_greedy.tokens,
-        "targets": results,
-        "passed": all(r["passed"] for r in results),
-    })  # fmt: skip
+        results.append(
+            _one_target(
+                target, cache, prompts, sequences, max_new_tokens, conventions, target_precision, tokenizer, text, tick
+            )
+        )
+    return jsonable(
+        {
+            "kind": VERIFY_TARGETS_KIND,
+            "schema_version": VERIFY_TARGETS_SCHEMA_VERSION,
+            "reference": {
+                "path": str(reference.path),
+                "precision": reference.precision,
+                "device": reference.device,
+                "family": reference.family.name,
+                "vocab_size": reference.config.vocab_size,
+            },
+            "prompts": {"count": len(prompts), "lengths": [len(p) for p in prompts], "source": prompt_source},
+            "max_new_tokens": max_new_tokens,
+            "conventions": [convention_label(c) for c in conventions],
+            "pinned": dict(pinned or {}),
+            "reference_greedy": ref_greedy.tokens,
+            "targets": results,
+            "passed": all(r["passed"] for r in results),
+        }
+    )
 
 
 def _one_target(
-    target: Target, cache: ReferenceCache, prompts: Sequence[Sequence[int]],
-    sequences: list[list[int]], max_new_tokens: int, conventions: list[Options], target_precision: str,
-    tokenizer: Any, text: TokenText, tick: Callable[[int], None],
-) -> dict[str, Any]:  # fmt: skip
+    target: Target,
+    cache: ReferenceCache,
+    prompts: Sequence[Sequence[int]],
+    sequences: list[list[int]],
+    max_new_tokens: int,
+    conventions: list[Options],
+    target_precision: str,
+    tokenizer: Any,
+    text: TokenText,
+    tick: Callable[[int], None],
+) -> dict[str, Any]:
     parity = tokenizer_parity(target, tokenizer)
     can_score = target.can_score()
     scores = target.score(sequences, 0) if can_score else None
@@ -230,8 +276,10 @@ def _one_target(
             failures += [f"under {label}: {r['failures'][0]}" for label, r in by_convention.items()]
             failures.insert(0, f"diverges under every convention ({', '.join(by_convention)})")
     if parity.get("checked") and not parity.get("equal"):
-        failures.append(f"tokenizer differs from the reference's at token {parity['first_difference']} "
-                        f"(reference {parity['reference_ids']}, target {parity['target_ids']})")  # fmt: skip
+        failures.append(
+            f"tokenizer differs from the reference's at token {parity['first_difference']} "
+            f"(reference {parity['reference_ids']}, target {parity['target_ids']})"
+        )
     label, chosen = next(iter(by_convention.items()))  # the primary convention's, when none passes
     first = chosen["first_divergence"]
     return {
@@ -271,15 +319,25 @@ def failure_line(result: dict[str, Any]) -> str:
     if first:
         under = f" under {first['convention']}" if len(t["conventions"]) > 1 else ""
         every = " under every convention;" if len(t["conventions"]) > 1 else ""
-        where = (f"{every} at prompt {first['prompt']}, position {first['position']} ({first['phase']}{under}): "
-                 f"reference token "
-                 f"{first['reference_token']} {first.get('reference_text')!r}, target {first['target_token']} "
-                 f"{first.get('target_text')!r}; {'; '.join(first['why'])}")  # fmt: skip
+        where = (
+            f"{every} at prompt {first['prompt']}, position {first['position']} ({first['phase']}{under}): "
+            f"reference token "
+            f"{first['reference_token']} {first.get('reference_text')!r}, target {first['target_token']} "
+            f"{first.get('target_text')!r}; {'; '.join(first['why'])}"
+        )
     else:
         where = ": " + t["failures"][0]
     more = f" (and {len(bad) - 1} more target(s))" if len(bad) > 1 else ""
     return f"{t['location']} diverges from the reference{where}{more}"
 
 
-__all__ = ["compare_target", "failure_line", "open_targets",
-           "reference_tokenizer", "thresholds_for", "tokenizer_parity", "verify_targets", "verify_work"]  # fmt: skip
+__all__ = [
+    "compare_target",
+    "failure_line",
+    "open_targets",
+    "reference_tokenizer",
+    "thresholds_for",
+    "tokenizer_parity",
+    "verify_targets",
+    "verify_work",
+]

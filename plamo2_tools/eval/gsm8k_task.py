@@ -44,8 +44,10 @@ def resolve_gsm8k_dir(directory: str | Path | None) -> Path:
     """The flag's directory, else $PLAMO2_GSM8K_DIR; a clear error when neither is usable."""
     chosen = directory or os.environ.get(ENV_VAR)
     if not chosen:
-        raise UserError(f"no GSM8K data: pass --gsm8k-dir DIR or set {ENV_VAR} to a directory holding "
-                        "train.jsonl and test.jsonl from openai/grade-school-math")  # fmt: skip
+        raise UserError(
+            f"no GSM8K data: pass --gsm8k-dir DIR or set {ENV_VAR} to a directory holding "
+            "train.jsonl and test.jsonl from openai/grade-school-math"
+        )
     path = Path(chosen).expanduser().resolve()
     if not path.is_dir():
         raise UserError(f"GSM8K directory {path} does not exist")
@@ -60,11 +62,16 @@ def load_gsm8k_data(directory: str | Path | None, allow_unverified: bool = False
     if missing:
         raise UserError(f"GSM8K file(s) missing: {', '.join(missing)}")
     digests = {split: sha256_file(path)[0] for split, path in files.items()}
-    wrong = [f"{split}.jsonl sha256 {digests[split][:12]}… (official {OFFICIAL_SHA256[split][:12]}…)"
-             for split in SPLITS if digests[split] != OFFICIAL_SHA256[split]]  # fmt: skip
+    wrong = [
+        f"{split}.jsonl sha256 {digests[split][:12]}… (official {OFFICIAL_SHA256[split][:12]}…)"
+        for split in SPLITS
+        if digests[split] != OFFICIAL_SHA256[split]
+    ]
     if wrong and not allow_unverified:
-        raise UserError(f"{root} does not hold the official GSM8K files: {'; '.join(wrong)}. Scores would not "
-                        "compare with published numbers; pass --allow-unverified-data to run anyway")  # fmt: skip
+        raise UserError(
+            f"{root} does not hold the official GSM8K files: {'; '.join(wrong)}. Scores would not "
+            "compare with published numbers; pass --allow-unverified-data to run anyway"
+        )
     for split in SPLITS:
         if digests[split] != OFFICIAL_SHA256[split]:  # the official files are known good
             check_records(files[split])
@@ -118,8 +125,10 @@ def write_task_yaml(data: Gsm8kData, directory: str | Path) -> Path:
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / "gsm8k.yaml"
-    header = ("# lm-eval's gsm8k.yaml (lm-evaluation-harness, MIT) with the dataset keys pointed at local files.\n"
-              "# Written by plamo2-tools; GSM8K data: openai/grade-school-math (MIT).\n")  # fmt: skip
+    header = (
+        "# lm-eval's gsm8k.yaml (lm-evaluation-harness, MIT) with the dataset keys pointed at local files.\n"
+        "# Written by plamo2-tools; GSM8K data: openai/grade-school-math (MIT).\n"
+    )
     if path.exists() and "Written by plamo2-tools" not in path.read_text(errors="replace")[: len(header)]:
         raise OutputExistsError(f"{path} exists and was not written by plamo2-tools; move it away first")
     path.write_text(header + yaml.safe_dump(gsm8k_task_config(data), sort_keys=False, allow_unicode=True))

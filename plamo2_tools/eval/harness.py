@@ -66,8 +66,13 @@ class EvalRequest:
 
     def model_args(self) -> dict[str, Any]:
         """What lm-eval records as model_args; `pretrained` also names the output directory."""
-        args: dict[str, Any] = {"pretrained": self.shards, "device": self.device, "backend": self.backend,
-                                "batch_size": self.batch_size, "max_gen_toks": self.max_gen_toks}  # fmt: skip
+        args: dict[str, Any] = {
+            "pretrained": self.shards,
+            "device": self.device,
+            "backend": self.backend,
+            "batch_size": self.batch_size,
+            "max_gen_toks": self.max_gen_toks,
+        }
         if self.max_length is not None:
             args["max_length"] = self.max_length
         if self.trust_remote_code:
@@ -94,8 +99,9 @@ class EvalOutcome:
         keep = ("results", "versions", "n-shot", "n-samples", "config", "task_hashes")
         data: dict[str, Any] = {"kind": EVAL_KIND, "schema_version": EVAL_SCHEMA_VERSION}
         data.update((k, self.results[k]) for k in keep if k in self.results)
-        data.update(files=self.files, launched=self.launched, wall_seconds=self.wall_seconds,
-                    timeline=timeline.timeline())  # fmt: skip
+        data.update(
+            files=self.files, launched=self.launched, wall_seconds=self.wall_seconds, timeline=timeline.timeline()
+        )
         return json.loads(json.dumps(data, default=handle_non_serializable))
 
 
@@ -143,8 +149,10 @@ def evaluate_model(lm: Any, request: EvalRequest, cache_root: str | Path) -> Eva
         "runtime_mode": getattr(getattr(lm, "runtime", None), "mode", None),
     }
     files = _write_outputs(tracker, results, samples, request) if request.output_path else {}
-    header = (f"plamo2 ({request.model_args()}), gen_kwargs: (None), limit: {request.limit}, "
-              f"num_fewshot: {request.num_fewshot}, batch_size: {request.batch_size}")  # fmt: skip
+    header = (
+        f"plamo2 ({request.model_args()}), gen_kwargs: (None), limit: {request.limit}, "
+        f"num_fewshot: {request.num_fewshot}, batch_size: {request.batch_size}"
+    )
     return EvalOutcome(results, samples, files, header, make_table(results))
 
 
@@ -276,10 +284,15 @@ def _build_model(runtime: Any, request: EvalRequest) -> Any:
     from .plamo2_lm import PlamoLM
 
     return PlamoLM(
-        pretrained=request.shards, runtime=runtime, device=request.device, backend=request.backend,
-        batch_size=request.batch_size, max_gen_toks=request.max_gen_toks, max_length=request.max_length,
+        pretrained=request.shards,
+        runtime=runtime,
+        device=request.device,
+        backend=request.backend,
+        batch_size=request.batch_size,
+        max_gen_toks=request.max_gen_toks,
+        max_length=request.max_length,
         trust_remote_code=request.trust_remote_code,
-    )  # fmt: skip
+    )
 
 
 @contextmanager
@@ -320,8 +333,13 @@ def run_eval(request: EvalRequest, launch: bool = False) -> EvalOutcome | None:
     check_tasks(request.tasks)
     start = time.perf_counter()
     with eval_cache_root() as cache_root:
-        runtime = {"shards": request.shards, "device": request.device, "backend": request.backend,
-                   "verify_files": request.verify_files, "forward_options": request.forward_options}  # fmt: skip
+        runtime = {
+            "shards": request.shards,
+            "device": request.device,
+            "backend": request.backend,
+            "verify_files": request.verify_files,
+            "forward_options": request.forward_options,
+        }
         env = offline_env(Path(cache_root) / "launch") if launch else None
         outcome = run_job(eval_job, runtime, {"cache_root": cache_root, **dataclasses.asdict(request)}, launch, env)
     if outcome is None:

@@ -104,8 +104,9 @@ class PlamoLM(TemplateLM):
         known |= _family_option_names(args.get("pretrained"))
         unknown = sorted(set(args) - known)
         if unknown:
-            raise UserError(f"--model_args: the plamo2 model takes no {', '.join(unknown)} "
-                            f"(it takes {', '.join(sorted(known))})")  # fmt: skip
+            raise UserError(
+                f"--model_args: the plamo2 model takes no {', '.join(unknown)} (it takes {', '.join(sorted(known))})"
+            )
         added = {k: v for k, v in (additional_config or {}).items() if v is not None}
         for key in sorted(set(args) & set(added)):
             if str(args[key]) != str(added[key]):
@@ -286,8 +287,12 @@ class PlamoLM(TemplateLM):
                 whole = (context + continuation)[-self.max_length :]
                 start = len(whole) - len(continuation)
                 if start < 1:  # the continuation alone overflows max_length: its first token has no context
-                    log.warning("continuation of %d tokens exceeds max_length %d; scoring its last %d tokens",
-                                len(continuation), self.max_length, len(whole) - 1)  # fmt: skip
+                    log.warning(
+                        "continuation of %d tokens exceeds max_length %d; scoring its last %d tokens",
+                        len(continuation),
+                        self.max_length,
+                        len(whole) - 1,
+                    )
                     start = 1
                 seqs.append(whole)
                 starts.append(start)
@@ -313,7 +318,7 @@ class PlamoLM(TemplateLM):
                 # context + continuation of a window is at most max_seq_len + 1 = max_length tokens
                 get_rolling_token_windows(
                     token_list=tokens, prefix_token=self.prefix_token_id, max_seq_len=self.max_length - 1, context_len=1
-                ),  # fmt: skip
+                ),
             ):
                 windows.append((None, context, continuation))
                 owners.append(i)
@@ -354,8 +359,9 @@ class PlamoLM(TemplateLM):
         for chunk in collator.get_batched(n=static):
             settings = gen_settings(chunk[0][2], self.eos_text, self.max_gen_toks)
             # The bar advances as each request finishes (the runtime reports it at its next look).
-            texts = self._generate([enc for _, enc, _, _ in chunk], settings, [i for *_, i in chunk],
-                                   on_finish=lambda _i: bar.update(1))  # fmt: skip
+            texts = self._generate(
+                [enc for _, enc, _, _ in chunk], settings, [i for *_, i in chunk], on_finish=lambda _i: bar.update(1)
+            )
             for (context, _, gen_kwargs, _), text in zip(chunk, texts, strict=True):
                 results.append(text)
                 self.cache_hook.add_partial("generate_until", (context, gen_kwargs), text)
@@ -373,8 +379,13 @@ class PlamoLM(TemplateLM):
             return int(self.batch_size)
         return max(1, min(self._auto_slots(longest), AUTO_SCORE_TOKENS // max(1, longest)))
 
-    def _generate(self, prompts: list[list[int]], settings: GenSettings, keys: list[int],
-                  on_finish: Callable[[int], None] | None = None) -> list[str]:  # fmt: skip
+    def _generate(
+        self,
+        prompts: list[list[int]],
+        settings: GenSettings,
+        keys: list[int],
+        on_finish: Callable[[int], None] | None = None,
+    ) -> list[str]:
         truncated, limits = [], []
         for ids in prompts:
             ids, max_new = maybe_truncate(
@@ -394,10 +405,17 @@ class PlamoLM(TemplateLM):
                 max_batch = self._auto_slots(max(len(p) + n for p, n in zip(truncated, limits, strict=True)))
         start = time.perf_counter()
         generation = self.runtime.generate(
-            truncated, limits[0] if len(set(limits)) == 1 else limits, eos_token_ids=self.stop_ids,
-            temperature=settings.temperature, top_p=settings.top_p, seed=self.seed, stop=watcher,
-            max_batch=max_batch, request_keys=keys, on_finish=on_finish,
-        )  # fmt: skip
+            truncated,
+            limits[0] if len(set(limits)) == 1 else limits,
+            eos_token_ids=self.stop_ids,
+            temperature=settings.temperature,
+            top_p=settings.top_p,
+            seed=self.seed,
+            stop=watcher,
+            max_batch=max_batch,
+            request_keys=keys,
+            on_finish=on_finish,
+        )
         timeline.add("generate", time.perf_counter() - start)
         if generation.slots:
             self.batch_sizes["generate_until"] = generation.slots

@@ -23,8 +23,15 @@ from lm_eval.models.utils import handle_stop_sequences, normalize_gen_kwargs, po
 from ..errors import UserError
 from ..runtime.batching.text import Decode, StopStringWatcher, decode_kept_specials, stop_token_ids
 
-__all__ = ["DEFAULT_MAX_GEN_TOKS", "GenSettings", "StopStringWatcher", "decode_kept_specials", "finish_text",
-           "gen_settings", "stop_token_ids"]  # fmt: skip
+__all__ = [
+    "DEFAULT_MAX_GEN_TOKS",
+    "GenSettings",
+    "StopStringWatcher",
+    "decode_kept_specials",
+    "finish_text",
+    "gen_settings",
+    "stop_token_ids",
+]
 DEFAULT_MAX_GEN_TOKS = 256
 
 # gen_kwargs keys that change nothing here: do_sample is folded into temperature by
@@ -52,8 +59,10 @@ def gen_settings(gen_kwargs: dict[str, Any], eos_text: str | None, default_max_g
     top_p = float(kwargs.pop("top_p", 1.0))
     unknown = sorted(set(kwargs) - _NO_EFFECT)
     if unknown:
-        raise UserError(f"generation kwargs {unknown} are not supported by the plamo2 model (only until, "
-                        "max_gen_toks, do_sample, temperature, top_p)")  # fmt: skip
+        raise UserError(
+            f"generation kwargs {unknown} are not supported by the plamo2 model (only until, "
+            "max_gen_toks, do_sample, temperature, top_p)"
+        )
     if max_gen_toks < 0:
         raise UserError(f"max_gen_toks must be >= 0, got {max_gen_toks}")
     return GenSettings(tuple(until), max_gen_toks, temperature, top_p)

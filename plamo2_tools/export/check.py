@@ -51,9 +51,17 @@ class ExportCheckReport:
         return not self.problems
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kind": CHECK_EXPORT_KIND, "schema_version": CHECK_EXPORT_SCHEMA_VERSION, "path": str(self.path),
-                "source": str(self.source), "format": self.format, "ok": self.ok, "tensors_compared": self.tensors,
-                "independent": self.independent, "problems": self.problems}  # fmt: skip
+        return {
+            "kind": CHECK_EXPORT_KIND,
+            "schema_version": CHECK_EXPORT_SCHEMA_VERSION,
+            "path": str(self.path),
+            "source": str(self.source),
+            "format": self.format,
+            "ok": self.ok,
+            "tensors_compared": self.tensors,
+            "independent": self.independent,
+            "problems": self.problems,
+        }
 
 
 def export_format(path: Path) -> str | None:
@@ -131,8 +139,11 @@ def _mlx_recipe(config: dict[str, Any], record: dict[str, Any]) -> Any:
     quant = config.get("quantization")
     if quant is None:
         return Recipe(dtype=dtype)
-    if not isinstance(quant, dict) or not isinstance(quant.get("bits"), int) or not isinstance(
-            quant.get("group_size"), int):  # fmt: skip
+    if (
+        not isinstance(quant, dict)
+        or not isinstance(quant.get("bits"), int)
+        or not isinstance(quant.get("group_size"), int)
+    ):
         raise CheckpointError("config.json: 'quantization' is not what export mlx writes")
     overrides: dict[str, int | None] = {}
     for module, setting in quant.items():
@@ -204,15 +215,19 @@ def _mlx_independent(out: Path, source: Source, planned: list[Any], files: Expor
         want = to_float32(src, p.dtype).reshape(-1, p.group_size)
         s = np.abs(np.array(scales.astype(mx.float32))).reshape(-1, 1)
         b = np.abs(np.array(biases.astype(mx.float32))).reshape(-1, 1)
-        eps = float(2.0 ** -(np.finfo(np.float32).nmant if p.dtype.name == "float32" else 7 if p.dtype.name ==
-                             "bfloat16" else 10))  # fmt: skip
+        eps = float(
+            2.0
+            ** -(np.finfo(np.float32).nmant if p.dtype.name == "float32" else 7 if p.dtype.name == "bfloat16" else 10)
+        )
         tol = s + eps * (b + s * ((1 << p.bits) - 1) + np.abs(want).max(axis=1, keepdims=True))
         bad = np.argwhere(~(np.abs(got - want) <= tol))
         count += 1
         if bad.size:
             g, i = (int(x) for x in bad[0])
-            problems.append(f"{p.module}: mlx.core.dequantize gives {got[g, i]:.6g} where the source has "
-                            f"{want[g, i]:.6g} (group {g}, more than one step {float(s[g, 0]):.3g})")  # fmt: skip
+            problems.append(
+                f"{p.module}: mlx.core.dequantize gives {got[g, i]:.6g} where the source has "
+                f"{want[g, i]:.6g} (group {g}, more than one step {float(s[g, 0]):.3g})"
+            )
     return f"mlx.core.dequantize (mlx {mx.__version__}): {count} quantized weight(s) within one step of the source"
 
 
@@ -284,12 +299,16 @@ def _fp8_independent(out: Path, source: Source, quantized: list[str], files: Exp
         count += 1
         if bool(bad.any()):
             r, c = (int(x) for x in bad.nonzero()[0])
-            problems.append(f"{name}: compressed-tensors dequantizes row {r} column {c} to {float(deq[r, c]):.6g} "
-                            f"where the source has {float(w[r, c]):.6g} (more than one e4m3 step)")  # fmt: skip
+            problems.append(
+                f"{name}: compressed-tensors dequantizes row {r} column {c} to {float(deq[r, c]):.6g} "
+                f"where the source has {float(w[r, c]):.6g} (more than one e4m3 step)"
+            )
     import compressed_tensors
 
-    return (f"compressed-tensors {compressed_tensors.__version__} dequantize: {count} FP8 weight(s) within one "
-            "step of the source")  # fmt: skip
+    return (
+        f"compressed-tensors {compressed_tensors.__version__} dequantize: {count} FP8 weight(s) within one "
+        "step of the source"
+    )
 
 
 def check_export(out: str | Path, source: str | Path) -> ExportCheckReport:

@@ -128,8 +128,9 @@ def plan_export(source: Source, max_part_size: int = DEFAULT_MAX_PART_SIZE) -> P
                 "weights (export from the unquantized checkpoint)"
             )
         tensors.append(OutTensor(name, name, FLOAT8_E4M3, t.shape, "fp8"))
-        tensors.append(OutTensor(name.removesuffix(".weight") + ".weight_scale", name, t.dtype, (t.shape[0], 1),
-                                 "scale"))  # fmt: skip
+        tensors.append(
+            OutTensor(name.removesuffix(".weight") + ".weight_scale", name, t.dtype, (t.shape[0], 1), "scale")
+        )
     ignore = [family.head_name.removesuffix(".weight"), family.embed_name.removesuffix(".weight"), *kept]
     return Plan(tensors, quantized, ignore, _groups(tensors, max_part_size))
 
@@ -174,8 +175,9 @@ class Cancelled(Exception):
     """Another job failed or the run was interrupted: this one stops at its next chunk."""
 
 
-def _write_source(source: Source, name: str, targets: list[Target], progress: Callable | None,
-                  cancelled: threading.Event) -> None:  # fmt: skip
+def _write_source(
+    source: Source, name: str, targets: list[Target], progress: Callable | None, cancelled: threading.Event
+) -> None:
     """Every output of one source tensor (the copy, or the fp8 weight and its scale), chunk by chunk of source
     rows: memory is one chunk and its temporaries, and each source byte is read once."""
     try:
@@ -185,8 +187,9 @@ def _write_source(source: Source, name: str, targets: list[Target], progress: Ca
         raise
 
 
-def _write_chunks(source: Source, name: str, targets: list[Target], progress: Callable | None,
-                  cancelled: threading.Event) -> None:  # fmt: skip
+def _write_chunks(
+    source: Source, name: str, targets: list[Target], progress: Callable | None, cancelled: threading.Event
+) -> None:
     src_dtype = source.tensors[name].dtype
     for first, rows in _chunks(source, name):
         if cancelled.is_set():
@@ -196,8 +199,9 @@ def _write_chunks(source: Source, name: str, targets: list[Target], progress: Ca
             try:
                 values["fp8"], values["scale"] = quantize_rows(rows, src_dtype)
             except NonFinite as e:
-                raise CheckpointError(f"{name}: non-finite value in row {first + e.row}: an FP8 scale cannot be "
-                                      "derived from it") from None  # fmt: skip
+                raise CheckpointError(
+                    f"{name}: non-finite value in row {first + e.row}: an FP8 scale cannot be derived from it"
+                ) from None
         for t, part, offset in targets:
             part.write_at(offset + first * (t.nbytes // t.shape[0]), tensor_bytes(values[t.role]))
         if progress is not None:
@@ -228,8 +232,14 @@ def _write_weights(source: Source, plan: Plan, out: Path, workers: int, progress
             cancelled.set()
             pool.shutdown(wait=True, cancel_futures=True)
             if isinstance(e, Cancelled):  # report the job that failed, not one it stopped
-                raise next(x for f in futures if f.done() and not f.cancelled()
-                           and (x := f.exception()) is not None and not isinstance(x, Cancelled)) from None  # fmt: skip
+                raise next(
+                    x
+                    for f in futures
+                    if f.done()
+                    and not f.cancelled()
+                    and (x := f.exception()) is not None
+                    and not isinstance(x, Cancelled)
+                ) from None
             raise
         pool.shutdown(wait=True)
         for part in parts:
@@ -248,8 +258,9 @@ def _refuse_quantized(config_path: Path) -> dict[str, Any]:
     if "quantization_config" in raw:
         q = raw["quantization_config"]
         method = q.get("quant_method") if isinstance(q, dict) else None
-        raise UserError(f"{config_path}: already quantized (quant_method {method!r}); export from the unquantized "
-                        "checkpoint")  # fmt: skip
+        raise UserError(
+            f"{config_path}: already quantized (quant_method {method!r}); export from the unquantized checkpoint"
+        )
     return raw
 
 
@@ -258,8 +269,9 @@ def _reference(source: Source, reference: str | Path | None) -> Path:
     (refused before writing when neither, or when it is not shaped like the source)."""
     if reference is None:
         if source.kind == "shards":
-            raise UserError(f"{source.path} is a shard directory: give --reference HF_CHECKPOINT to verify, or "
-                            "--no-verify")  # fmt: skip
+            raise UserError(
+                f"{source.path} is a shard directory: give --reference HF_CHECKPOINT to verify, or --no-verify"
+            )
         return Path(source.path)
     ref = Path(reference)
     ensure_readable_checkpoint(ref)
@@ -333,8 +345,9 @@ def export_fp8(
         lock = OutputLock(out, "export fp8")
         prepare_output(out, writes, force)
         output_bytes = sum(t.nbytes for t in plan.tensors)
-        check_free_space(out, output_bytes + sum(p.stat().st_size for p in sides) + 65536 * (len(plan.files) + 3),
-                         "the FP8 export")  # fmt: skip
+        check_free_space(
+            out, output_bytes + sum(p.stat().st_size for p in sides) + 65536 * (len(plan.files) + 3), "the FP8 export"
+        )
         write_record(out, "export fp8", str(source.path), writes, "writing")
         source_bytes = sum(t.rows * t.row_bytes for t in source.tensors.values())
         if on_plan is not None:
@@ -378,8 +391,16 @@ def export_fp8(
         atomic_write_text(out / SIDE_JSON, json.dumps(record, indent=1) + "\n")
         write_record(out, "export fp8", str(source.path), writes, "complete")
         finished = True
-        result = ExportResult(out, plan.file_names, len(plan.quantized), time.perf_counter() - start, source_bytes,
-                              output_bytes, verification, record)  # fmt: skip
+        result = ExportResult(
+            out,
+            plan.file_names,
+            len(plan.quantized),
+            time.perf_counter() - start,
+            source_bytes,
+            output_bytes,
+            verification,
+            record,
+        )
     finally:
         if config_written and not finished:
             (out / LAST).unlink(missing_ok=True)
@@ -388,6 +409,7 @@ def export_fp8(
         source.close()
     kl = None if verification is None else measured_kl(verification)
     if max_kl is not None and kl is not None and kl > max_kl:
-        raise CheckFailed(f"{out}: FP8 export written, but its measured mean KL {kl:.3g} exceeds --max-kl {max_kl:g} "
-                          f"({SIDE_JSON})")  # fmt: skip
+        raise CheckFailed(
+            f"{out}: FP8 export written, but its measured mean KL {kl:.3g} exceeds --max-kl {max_kl:g} ({SIDE_JSON})"
+        )
     return result

@@ -25,9 +25,20 @@ EPS_BITS = {FLOAT32: np.uint32(0x34000000), BFLOAT16: np.uint16(0x3C00), FLOAT16
 
 def _args(strategy: str, dynamic: bool) -> dict[str, Any]:
     """One QuantizationArgs as compressed-tensors 0.19.0's model_dump writes it (every field)."""
-    return {"actorder": None, "block_structure": None, "dynamic": dynamic, "group_size": None, "num_bits": 8,
-            "observer": None, "observer_kwargs": {}, "scale_dtype": None, "strategy": strategy, "symmetric": True,
-            "type": "float", "zp_dtype": None}  # fmt: skip
+    return {
+        "actorder": None,
+        "block_structure": None,
+        "dynamic": dynamic,
+        "group_size": None,
+        "num_bits": 8,
+        "observer": None,
+        "observer_kwargs": {},
+        "scale_dtype": None,
+        "strategy": strategy,
+        "symmetric": True,
+        "type": "float",
+        "zp_dtype": None,
+    }
 
 
 def quantization_config(ignore: list[str]) -> dict[str, Any]:

@@ -156,10 +156,19 @@ class ExportResult:
         return self.verify is not None and self.verify["verdict"] != "pass"
 
     def summary(self) -> dict[str, Any]:
-        return {"kind": GGUF_EXPORT_KIND, "schema_version": GGUF_EXPORT_SCHEMA_VERSION, "file": self.out.name,
-                "type": self.type, "tensor_types": self.overrides, "tensors": self.tensors, "bytes": self.bytes,
-                XXH3_128: self.digest, "seconds": round(self.seconds, 3), "notes": self.notes,
-                "verify": self.verify}  # fmt: skip
+        return {
+            "kind": GGUF_EXPORT_KIND,
+            "schema_version": GGUF_EXPORT_SCHEMA_VERSION,
+            "file": self.out.name,
+            "type": self.type,
+            "tensor_types": self.overrides,
+            "tensors": self.tensors,
+            "bytes": self.bytes,
+            XXH3_128: self.digest,
+            "seconds": round(self.seconds, 3),
+            "notes": self.notes,
+            "verify": self.verify,
+        }
 
 
 def _open_source(src: Path) -> HFCheckpoint:
@@ -181,9 +190,14 @@ def _auto_type(ckpt: HFCheckpoint) -> str:
     return "f16"
 
 
-def build_header(ckpt: HFCheckpoint, src: Path, type_name: str, overrides: list[Override],
-                 planned: list[PlannedTensor], recorded: tuple[str, list[Override]] | None = None,
-                 ) -> tuple[gguf.GGUFWriter, list[str]]:  # fmt: skip
+def build_header(
+    ckpt: HFCheckpoint,
+    src: Path,
+    type_name: str,
+    overrides: list[Override],
+    planned: list[PlannedTensor],
+    recorded: tuple[str, list[Override]] | None = None,
+) -> tuple[gguf.GGUFWriter, list[str]]:
     """A GGUFWriter holding every key (in the converter's order, then ours) and the tensor index.
     `recorded`: the type and overrides our key records when they are not these (the base file of
     a llama-quantize export records the final type)."""
@@ -208,8 +222,11 @@ def build_header(ckpt: HFCheckpoint, src: Path, type_name: str, overrides: list[
         call(writer, method, args)
     kind, rules = recorded or (type_name, overrides)
     writer.add_string(OWN_KEY, own_value(kind, [(o.pattern, o.type) for o in rules], src.name))
-    fallbacks = [f"{t.name}: rows of {t.shape[-1]} do not split into {type_name} blocks: F16 (llama.cpp's fallback)"
-                 for t in planned if t.fallback]  # fmt: skip
+    fallbacks = [
+        f"{t.name}: rows of {t.shape[-1]} do not split into {type_name} blocks: F16 (llama.cpp's fallback)"
+        for t in planned
+        if t.fallback
+    ]
     notes += arch.differences(ckpt.config, raw) + words.notes + fallbacks
     return writer, notes
 
@@ -232,8 +249,11 @@ def expected_keys(src: Path, recipe: dict[str, Any]) -> dict[str, tuple[Any, lis
         writer.write_ti_data_to_file()
         writer.close()
         reader = gguf.GGUFReader(str(path))
-        return {k: (plain(f.contents()), [int(t) for t in f.types]) for k, f in reader.fields.items()
-                if not k.startswith("GGUF.")}  # fmt: skip
+        return {
+            k: (plain(f.contents()), [int(t) for t in f.types])
+            for k, f in reader.fields.items()
+            if not k.startswith("GGUF.")
+        }
 
 
 def plain(value: Any) -> Any:
@@ -244,9 +264,16 @@ def plain(value: Any) -> Any:
     return value
 
 
-def write_gguf(ckpt: HFCheckpoint, src: Path, partial: Path, shown: Path, type_name: str, overrides: list[Override],
-               progress: Callable[[int], None] | None = None, recorded: tuple[str, list[Override]] | None = None,
-               ) -> tuple[int, int, str, list[str]]:  # fmt: skip
+def write_gguf(
+    ckpt: HFCheckpoint,
+    src: Path,
+    partial: Path,
+    shown: Path,
+    type_name: str,
+    overrides: list[Override],
+    progress: Callable[[int], None] | None = None,
+    recorded: tuple[str, list[Override]] | None = None,
+) -> tuple[int, int, str, list[str]]:
     """Write the whole file to `partial` (created fresh, fsync'd): (tensors, bytes, digest, notes)."""
     arch = ckpt.family.gguf
     assert arch is not None
@@ -254,8 +281,11 @@ def write_gguf(ckpt: HFCheckpoint, src: Path, partial: Path, shown: Path, type_n
     writer, notes = build_header(ckpt, src, type_name, overrides, planned, recorded)
     header = sum(len(k) + 64 for k in writer.kv_data[0]) + sum(len(t.name) + 64 for t in planned)
     tokens = writer.kv_data[0][gguf.Keys.Tokenizer.LIST].value
-    check_free_space(shown.parent, header + sum(t.nbytes + 32 for t in planned) + sum(len(t) + 8 for t in tokens),
-                     f"the {type_name} GGUF")  # fmt: skip
+    check_free_space(
+        shown.parent,
+        header + sum(t.nbytes + 32 for t in planned) + sum(len(t) + 8 for t in tokens),
+        f"the {type_name} GGUF",
+    )
     fd = create_fresh(partial, os.O_WRONLY)
     try:
         f = _HashingFile(fd, partial, shown)
@@ -319,11 +349,15 @@ def export_gguf(
     type_name = type_name.lower()
     via_quantize = type_name in LLAMA_QUANTIZE_TYPES
     if type_name not in FILE_TYPES and type_name != "auto" and not via_quantize:
-        raise UserError(f"--type {type_name!r}: one of auto, {', '.join(FILE_TYPES)}, or a llama-quantize type "
-                        f"({', '.join(LLAMA_QUANTIZE_TYPES[:6])}, ...)")  # fmt: skip
+        raise UserError(
+            f"--type {type_name!r}: one of auto, {', '.join(FILE_TYPES)}, or a llama-quantize type "
+            f"({', '.join(LLAMA_QUANTIZE_TYPES[:6])}, ...)"
+        )
     if via_quantize and shutil.which("llama-quantize") is None:
-        raise EnvironmentLimitError(f"--type {type_name}: needs llama.cpp's llama-quantize on PATH (not found); "
-                                    f"the types written without it: {', '.join(FILE_TYPES)}")  # fmt: skip
+        raise EnvironmentLimitError(
+            f"--type {type_name}: needs llama.cpp's llama-quantize on PATH (not found); "
+            f"the types written without it: {', '.join(FILE_TYPES)}"
+        )
     check_output(out, force)
     partial = out.with_name(out.name + PARTIAL_SUFFIX)
     ckpt = _open_source(src)

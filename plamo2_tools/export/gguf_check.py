@@ -30,9 +30,16 @@ from .gguf_plan import FILE_TYPES, Override, PlannedTensor, plan_tensors
 
 GGUF_CHECK_KIND = "plamo2-check-gguf"
 GGUF_CHECK_SCHEMA_VERSION = 1
-_NUMPY_TYPES = {gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16, gguf.GGMLQuantizationType.BF16,
-                gguf.GGMLQuantizationType.Q8_0, gguf.GGMLQuantizationType.Q4_0, gguf.GGMLQuantizationType.Q4_1,
-                gguf.GGMLQuantizationType.Q5_0, gguf.GGMLQuantizationType.Q5_1}  # fmt: skip
+_NUMPY_TYPES = {
+    gguf.GGMLQuantizationType.F32,
+    gguf.GGMLQuantizationType.F16,
+    gguf.GGMLQuantizationType.BF16,
+    gguf.GGMLQuantizationType.Q8_0,
+    gguf.GGMLQuantizationType.Q4_0,
+    gguf.GGMLQuantizationType.Q4_1,
+    gguf.GGMLQuantizationType.Q5_0,
+    gguf.GGMLQuantizationType.Q5_1,
+}
 
 
 @dataclass
@@ -49,9 +56,17 @@ class GGUFCheckReport:
         return not self.problems
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kind": GGUF_CHECK_KIND, "schema_version": GGUF_CHECK_SCHEMA_VERSION, "path": str(self.path),
-                "source": str(self.source), "ok": self.ok, "tensors_compared": self.tensors,
-                "keys_compared": self.keys, "not_rederived": self.not_rederived, "problems": self.problems}  # fmt: skip
+        return {
+            "kind": GGUF_CHECK_KIND,
+            "schema_version": GGUF_CHECK_SCHEMA_VERSION,
+            "path": str(self.path),
+            "source": str(self.source),
+            "ok": self.ok,
+            "tensors_compared": self.tensors,
+            "keys_compared": self.keys,
+            "not_rederived": self.not_rederived,
+            "problems": self.problems,
+        }
 
 
 def _recipe(reader: gguf.GGUFReader, path: Path) -> dict[str, Any]:
@@ -126,8 +141,10 @@ def check_gguf(path: Path, source: Path) -> GGUFCheckReport:
                 continue
             want_type = t.qtype if base is not None else tensor.tensor_type
             if tensor.tensor_type != want_type or tuple(int(d) for d in reversed(tensor.shape)) != t.shape:
-                report.problems.append(f"{name}: {tensor.tensor_type.name} {list(reversed(tensor.shape))}, expected "
-                                       f"{want_type.name} {list(t.shape)}")  # fmt: skip
+                report.problems.append(
+                    f"{name}: {tensor.tensor_type.name} {list(reversed(tensor.shape))}, expected "
+                    f"{want_type.name} {list(t.shape)}"
+                )
                 continue
             values = _source_values(handles[ckpt.file_of(t.source).path], t)
             want = gguf.quants.quantize(values, want_type)
@@ -141,8 +158,9 @@ def check_gguf(path: Path, source: Path) -> GGUFCheckReport:
     return report
 
 
-def _check_keys(reader: gguf.GGUFReader, path: Path, source: Path, recipe: dict[str, Any],
-                report: GGUFCheckReport) -> list[str]:  # fmt: skip
+def _check_keys(
+    reader: gguf.GGUFReader, path: Path, source: Path, recipe: dict[str, Any], report: GGUFCheckReport
+) -> list[str]:
     """The keys as the export builds them now, against the file's (the count and tensor index
     fields of the header itself are not keys)."""
     from .gguf import expected_keys, plain

@@ -37,8 +37,13 @@ from ..version import __version__
 OWN_KEY = "plamo2_tools.export"
 MODEL_CARD_FILES = {"README.md": 4 * MiB, "config.json": CONFIG_BYTES, "generation_config.json": CONFIG_BYTES}
 EOT_PIECE = "<|plamo:op|>"
-SPECIAL_IDS = (("bos_token", "add_bos_token_id"), ("eos_token", "add_eos_token_id"), ("pad_token", "add_pad_token_id"),
-               ("sep_token", "add_sep_token_id"), ("unk_token", "add_unk_token_id"))  # fmt: skip
+SPECIAL_IDS = (
+    ("bos_token", "add_bos_token_id"),
+    ("eos_token", "add_eos_token_id"),
+    ("pad_token", "add_pad_token_id"),
+    ("sep_token", "add_sep_token_id"),
+    ("unk_token", "add_unk_token_id"),
+)
 
 
 @dataclass
@@ -94,8 +99,13 @@ def vocab(src: Path, vocab_size: int, arch: GGUFArch) -> Vocab:
         raise UserError(f"{path}: missing (llama.cpp reads PLaMo's vocabulary from it)")
     rows = read_rows(ensure_inside_source(src, path))
     for i, row in enumerate(rows):
-        if not (isinstance(row, list) and len(row) >= 2 and isinstance(row[0], str)
-                and isinstance(row[1], (int, float)) and not isinstance(row[1], bool)):  # fmt: skip
+        if not (
+            isinstance(row, list)
+            and len(row) >= 2
+            and isinstance(row[0], str)
+            and isinstance(row[1], (int, float))
+            and not isinstance(row[1], bool)
+        ):
             raise UserError(f"{path}: row {i} is not a [piece, score, type] array")
     try:
         tokens = [row[0].encode("utf-8") for row in rows]
@@ -111,9 +121,18 @@ def vocab(src: Path, vocab_size: int, arch: GGUFArch) -> Vocab:
         scores.append(-1000.0)
         types.append(int(gguf.TokenType.UNUSED))
     config = read_tokenizer_config(src)
-    out = Vocab(tokens, scores, types, [("add_tokenizer_model", ("plamo2",)), ("add_tokenizer_pre", ("default",)),
-                                        ("add_token_list", (tokens,)), ("add_token_scores", (scores,)),
-                                        ("add_token_types", (types,))])  # fmt: skip
+    out = Vocab(
+        tokens,
+        scores,
+        types,
+        [
+            ("add_tokenizer_model", ("plamo2",)),
+            ("add_tokenizer_pre", ("default",)),
+            ("add_token_list", (tokens,)),
+            ("add_token_scores", (scores,)),
+            ("add_token_types", (types,)),
+        ],
+    )
     first = {}
     for i, t in enumerate(tokens):
         first.setdefault(t, i)
@@ -122,15 +141,21 @@ def vocab(src: Path, vocab_size: int, arch: GGUFArch) -> Vocab:
         if config.get(key) is None:
             continue
         if text is None or text.encode() not in first:
-            out.notes.append(f"tokenizer_config.json {key} {config[key]!r:.60} is not a piece of tokenizer.jsonl: "
-                             "not written (llama.cpp's converter fails on it)")  # fmt: skip
+            out.notes.append(
+                f"tokenizer_config.json {key} {config[key]!r:.60} is not a piece of tokenizer.jsonl: "
+                "not written (llama.cpp's converter fails on it)"
+            )
             continue
         out.calls.append((method, (first[text.encode()],)))
     if EOT_PIECE.encode() in first:
         out.calls.append(("add_eot_token_id", (first[EOT_PIECE.encode()],)))
     else:
-        out.notes.append(f"no {EOT_PIECE} piece: no end-of-turn id written (llama.cpp's converter writes 4, "
-                         f"which is {tokens[4]!r} here)" if len(tokens) > 4 else f"no {EOT_PIECE} piece")  # fmt: skip
+        out.notes.append(
+            f"no {EOT_PIECE} piece: no end-of-turn id written (llama.cpp's converter writes 4, "
+            f"which is {tokens[4]!r} here)"
+            if len(tokens) > 4
+            else f"no {EOT_PIECE} piece"
+        )
     out.calls.append(("add_add_space_prefix", (False,)))
     if arch.chat_template:
         template = chat_template(src, config)

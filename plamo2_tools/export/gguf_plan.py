@@ -40,15 +40,46 @@ FILE_TYPES: dict[str, tuple[GGMLQuantizationType, LlamaFileType]] = {
 }
 # Types a --tensor-type override may name.
 TENSOR_TYPES: dict[str, GGMLQuantizationType] = {
-    "f32": Q.F32, "f16": Q.F16, "bf16": Q.BF16, "q8_0": Q.Q8_0, "q4_0": Q.Q4_0, "q4_1": Q.Q4_1, "q5_0": Q.Q5_0,
+    "f32": Q.F32,
+    "f16": Q.F16,
+    "bf16": Q.BF16,
+    "q8_0": Q.Q8_0,
+    "q4_0": Q.Q4_0,
+    "q4_1": Q.Q4_1,
+    "q5_0": Q.Q5_0,
     "q5_1": Q.Q5_1,
-}  # fmt: skip
+}
 # The types llama-quantize makes (k-quants and i-quants): exported through it (export/gguf.py).
 LLAMA_QUANTIZE_TYPES = (
-    "q2_k", "q2_k_s", "q3_k_s", "q3_k_m", "q3_k_l", "q4_k_s", "q4_k_m", "q5_k_s", "q5_k_m", "q6_k", "iq2_xxs",
-    "iq2_xs", "iq2_s", "iq2_m", "iq3_xxs", "iq3_xs", "iq3_s", "iq3_m", "iq4_nl", "iq4_xs", "iq1_s", "iq1_m", "q4_1",
-    "q5_0", "q5_1", "tq1_0", "tq2_0", "mxfp4_moe",
-)  # fmt: skip
+    "q2_k",
+    "q2_k_s",
+    "q3_k_s",
+    "q3_k_m",
+    "q3_k_l",
+    "q4_k_s",
+    "q4_k_m",
+    "q5_k_s",
+    "q5_k_m",
+    "q6_k",
+    "iq2_xxs",
+    "iq2_xs",
+    "iq2_s",
+    "iq2_m",
+    "iq3_xxs",
+    "iq3_xs",
+    "iq3_s",
+    "iq3_m",
+    "iq4_nl",
+    "iq4_xs",
+    "iq1_s",
+    "iq1_m",
+    "q4_1",
+    "q5_0",
+    "q5_1",
+    "tq1_0",
+    "tq2_0",
+    "mxfp4_moe",
+)
 CHUNK_BYTES = 64 * 2**20  # float32 bytes of source rows transformed at a time: the memory bound
 
 
@@ -112,8 +143,9 @@ def squeezed(shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(d for d in shape if d != 1)
 
 
-def _chosen(arch: GGUFArch, name: str, shape: tuple[int, ...], file_type: GGMLQuantizationType,
-            overrides: list[Override]) -> tuple[GGMLQuantizationType, str | None]:  # fmt: skip
+def _chosen(
+    arch: GGUFArch, name: str, shape: tuple[int, ...], file_type: GGMLQuantizationType, overrides: list[Override]
+) -> tuple[GGMLQuantizationType, str | None]:
     base = name.split(".", 2)[2] if name.startswith("blk.") else name
     if len(shape) <= 1 or name.endswith("_norm.weight") or base in arch.keep_f32 or not name.endswith(".weight"):
         return Q.F32, None
@@ -123,8 +155,9 @@ def _chosen(arch: GGUFArch, name: str, shape: tuple[int, ...], file_type: GGMLQu
     return file_type, None
 
 
-def plan_tensors(ckpt: HFCheckpoint, arch: GGUFArch, file_type: GGMLQuantizationType,
-                 overrides: list[Override]) -> list[PlannedTensor]:  # fmt: skip
+def plan_tensors(
+    ckpt: HFCheckpoint, arch: GGUFArch, file_type: GGMLQuantizationType, overrides: list[Override]
+) -> list[PlannedTensor]:
     """Every tensor of the file, in the converter's order (the checkpoint's)."""
     family, cfg = ckpt.family, ckpt.config
     names = arch.by_hf()
@@ -138,8 +171,11 @@ def plan_tensors(ckpt: HFCheckpoint, arch: GGUFArch, file_type: GGMLQuantization
         fallback = False
         if qtype not in (Q.F32, Q.F16, Q.BF16) and shape[-1] % _block_size(qtype):
             qtype, fallback = Q.F16, True
-        out.append(PlannedTensor(name, source, info.dtype, info.shape, shape, qtype, value_transforms(kind, cfg),
-                                 pattern, fallback))  # fmt: skip
+        out.append(
+            PlannedTensor(
+                name, source, info.dtype, info.shape, shape, qtype, value_transforms(kind, cfg), pattern, fallback
+            )
+        )
     return out
 
 
@@ -168,8 +204,9 @@ def tensor_bytes(ckpt: HFCheckpoint, t: PlannedTensor, start: int, stop: int) ->
     if t.transforms and t.source_dtype == FLOAT16:
         # The converter keeps a float16 tensor float16 through its transforms: torch casts the
         # Python offset to half, adds in float32 and rounds the sum to half (exp: float32, rounded).
-        half = tuple(Transform(tr.name, float(np.float16(tr.arg))) if tr.name == "add_offset" else tr
-                     for tr in t.transforms)  # fmt: skip
+        half = tuple(
+            Transform(tr.name, float(np.float16(tr.arg))) if tr.name == "add_offset" else tr for tr in t.transforms
+        )
         values = apply_values(x, t.source_dtype, half, FLOAT32)
         values = numerics.to_float32(numerics.from_float32(values, FLOAT16), FLOAT16)
     else:

@@ -49,8 +49,16 @@ def _convention(judged: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def verify_gguf(path: Path, src: Path, type_name: str, count: int = 4, length: int = 48, seed: int = 0,
-                device: str = "cpu", max_new_tokens: int = MAX_NEW_TOKENS) -> dict[str, Any]:  # fmt: skip
+def verify_gguf(
+    path: Path,
+    src: Path,
+    type_name: str,
+    count: int = 4,
+    length: int = 48,
+    seed: int = 0,
+    device: str = "cpu",
+    max_new_tokens: int = MAX_NEW_TOKENS,
+) -> dict[str, Any]:
     """Run `path` with llama.cpp and judge it against the reference as `verify` does (module doc)."""
     from ..deploy.gguf import GGUFTarget
     from ..deploy.reference import Reference
@@ -61,8 +69,9 @@ def verify_gguf(path: Path, src: Path, type_name: str, count: int = 4, length: i
     seqs = prompts(count, length, cfg.vocab_size, cfg.bos_token_id, seed)
     target = GGUFTarget(str(path), reference=src, n_ctx=max(64, length + max_new_tokens), vocab_size=cfg.vocab_size)
     try:
-        result = verify_targets([target], reference, seqs, f"{count} seeded random prompts (seed {seed})",
-                                max_new_tokens)  # fmt: skip
+        result = verify_targets(
+            [target], reference, seqs, f"{count} seeded random prompts (seed {seed})", max_new_tokens
+        )
     finally:
         target.close()
     t = result["targets"][0]
@@ -100,11 +109,18 @@ def describe(result: dict[str, Any]) -> str:
     """One line for the export's report."""
     judged = f"judged as {result['precision']}"
     if result["verdict"] == "pass":
-        return (f"llama.cpp matches the reference ({result['follows']}; {judged}): mean KL {result['mean_kl']:.2e}, "
-                f"max {result['max_kl']:.2e}, top-1 {result['top1_agreement']:.3f}")  # fmt: skip
+        return (
+            f"llama.cpp matches the reference ({result['follows']}; {judged}): mean KL {result['mean_kl']:.2e}, "
+            f"max {result['max_kl']:.2e}, top-1 {result['top1_agreement']:.3f}"
+        )
     d = result["first_divergence"]
     why = [f["effect"] for f in result["runtime"]["lint"] if f.get("diverges")]
-    where = (f" at prompt {d['prompt']} position {d['position']} ({d['phase']}; {'; '.join(d['why'])}; top-1 "
-             f"{d['reference_token']} vs {d['target_token']})" if d else f": {result['failures'][0]}")  # fmt: skip
-    return (f"llama.cpp diverges from the reference{where}; mean KL {result['mean_kl']:.2e} ({judged})"
-            + (f"; known causes: {' | '.join(why)}" if why else ""))  # fmt: skip
+    where = (
+        f" at prompt {d['prompt']} position {d['position']} ({d['phase']}; {'; '.join(d['why'])}; top-1 "
+        f"{d['reference_token']} vs {d['target_token']})"
+        if d
+        else f": {result['failures'][0]}"
+    )
+    return f"llama.cpp diverges from the reference{where}; mean KL {result['mean_kl']:.2e} ({judged})" + (
+        f"; known causes: {' | '.join(why)}" if why else ""
+    )

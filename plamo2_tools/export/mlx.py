@@ -89,8 +89,11 @@ class Planned:
             return [(self.name, self.dtype, self.shape)]
         assert self.group_size is not None
         wshape, sshape = quantized_shapes(self.shape, self.bits, self.group_size)
-        return [(f"{self.module}.weight", UINT32, wshape), (f"{self.module}.scales", self.dtype, sshape),
-                (f"{self.module}.biases", self.dtype, sshape)]  # fmt: skip
+        return [
+            (f"{self.module}.weight", UINT32, wshape),
+            (f"{self.module}.scales", self.dtype, sshape),
+            (f"{self.module}.biases", self.dtype, sshape),
+        ]
 
     @property
     def nbytes(self) -> int:
@@ -235,8 +238,9 @@ def kernel_copy(src: int, src_off: int, out: PartialFile, dst_off: int, n: int) 
     return True
 
 
-def write_file(source: Source, path: Path, group: list[Planned], progress: Callable[[int], None] | None,
-               workers: int = WORKERS) -> None:  # fmt: skip
+def write_file(
+    source: Source, path: Path, group: list[Planned], progress: Callable[[int], None] | None, workers: int = WORKERS
+) -> None:
     """One safetensors file, written under .partial and renamed when complete.  Its chunks run on
     `workers` threads (numpy's casts and the quantizer release the GIL), at most two per thread in
     flight, each written at its own offset: memory stays at a few chunks per thread.  A tensor
@@ -370,8 +374,9 @@ def export_mlx(
         lock.release()
 
 
-def export_record(source: Source, out: Path, recipe: Recipe, planned: list[Planned], quant: dict[str, Any] | None,
-                  weights: list[str]) -> dict[str, Any]:  # fmt: skip
+def export_record(
+    source: Source, out: Path, recipe: Recipe, planned: list[Planned], quant: dict[str, Any] | None, weights: list[str]
+) -> dict[str, Any]:
     layout = layout_of(source.config)
     quantized = [p for p in planned if p.bits is not None]
     return {
@@ -407,8 +412,9 @@ def verifier(reference: Path, recipe: Recipe, config: Any = None) -> Callable[[P
         import mlx.core  # noqa: F401
         import mlx_lm  # noqa: F401
     except ImportError as e:
-        raise UserError(f"export mlx: verifying needs {e.name or 'mlx-lm'} (pip install 'plamo2-tools[mlx]'), "
-                        "or pass --no-verify") from None  # fmt: skip
+        raise UserError(
+            f"export mlx: verifying needs {e.name or 'mlx-lm'} (pip install 'plamo2-tools[mlx]'), or pass --no-verify"
+        ) from None
     from ..model.checkpoint import HFCheckpoint
     from ..shards.owned import ensure_readable_checkpoint
 

@@ -25,8 +25,13 @@ PROMPT_LENGTHS = (12, 40)
 MAX_NEW_TOKENS = 8
 
 
-def fixed_prompts(vocab_size: int, bos: int | None, count: int = PROMPT_COUNT,
-                  lengths: tuple[int, int] = PROMPT_LENGTHS, seed: int = PROMPT_SEED) -> list[list[int]]:  # fmt: skip
+def fixed_prompts(
+    vocab_size: int,
+    bos: int | None,
+    count: int = PROMPT_COUNT,
+    lengths: tuple[int, int] = PROMPT_LENGTHS,
+    seed: int = PROMPT_SEED,
+) -> list[list[int]]:
     """The export's prompt set: the same for every export of a vocabulary size (numpy's PCG64)."""
     rng = np.random.default_rng(seed)
     out = []
@@ -43,9 +48,17 @@ def prompt_source(count: int, lengths: tuple[int, int], seed: int) -> str:
     return f"export prompt set (count={count}, lengths={lengths[0]}-{lengths[1]}, seed={seed}, BOS first)"
 
 
-def verify_export(kind: str, out: Path, reference: Path, *, count: int = PROMPT_COUNT,
-                  lengths: tuple[int, int] = PROMPT_LENGTHS, max_new_tokens: int = MAX_NEW_TOKENS,
-                  precision: str = "float64", **target_options: Any) -> dict[str, Any]:  # fmt: skip
+def verify_export(
+    kind: str,
+    out: Path,
+    reference: Path,
+    *,
+    count: int = PROMPT_COUNT,
+    lengths: tuple[int, int] = PROMPT_LENGTHS,
+    max_new_tokens: int = MAX_NEW_TOKENS,
+    precision: str = "float64",
+    **target_options: Any,
+) -> dict[str, Any]:
     """`verify OUT --reference REFERENCE` on the export's prompt set, in-process: the result of
     `deploy.verify.verify_targets` with `summary` (one line).  A target that cannot run the model at
     all (mlx-lm refusing a geometry) is a failed verification with its reason in `error`."""
@@ -65,8 +78,14 @@ def verify_export(kind: str, out: Path, reference: Path, *, count: int = PROMPT_
             for t in targets:
                 t.close()
     except CheckpointError as e:  # the runtime refuses the model: a finding, not a crash of ours
-        return {"reference": {"path": str(reference)}, "prompts": {"count": count, "source": source},
-                "targets": [], "passed": False, "error": str(e), "summary": f"FAILED: {e}"}  # fmt: skip
+        return {
+            "reference": {"path": str(reference)},
+            "prompts": {"count": count, "source": source},
+            "targets": [],
+            "passed": False,
+            "error": str(e),
+            "summary": f"FAILED: {e}",
+        }
     result["summary"] = summary_line(result)
     return result
 
@@ -81,8 +100,10 @@ def summary_line(result: dict[str, Any]) -> str:
     r = t["conventions"][label]
     main = r["teacher_forced"] or r["greedy"]
     where = "" if label == "default" else f" ({label})"
-    figures = (f"mean KL {main['mean_kl']:.3g}, max KL {main['max_kl']:.3g}, top-1 {main['top1_agreement']:.3f}, "
-               f"greedy match {r['greedy']['match_fraction']:.3f} ({t['precision']} thresholds)")  # fmt: skip
+    figures = (
+        f"mean KL {main['mean_kl']:.3g}, max KL {main['max_kl']:.3g}, top-1 {main['top1_agreement']:.3f}, "
+        f"greedy match {r['greedy']['match_fraction']:.3f} ({t['precision']} thresholds)"
+    )
     if t["passed"]:
         return f"passed{where}: {figures}"
     return f"DIVERGED{where}: {figures}; {failure_line(result)}"

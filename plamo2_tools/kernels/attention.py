@@ -22,12 +22,30 @@ _LOG2E = 1.4426950408889634
 
 @triton.jit
 def _decode_split_kernel(
-    q_ptr, k_ptr, v_ptr, lens_ptr, o_ptr, ml_ptr,
-    qk_scale, group, window, n_splits,
-    sq_b, sq_h, sk_s, sk_l, sk_h, sv_s, sv_l, sv_h,
-    HEAD_D: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
-    HAS_WINDOW: tl.constexpr, DOT_F32: tl.constexpr,
-):  # fmt: skip
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    lens_ptr,
+    o_ptr,
+    ml_ptr,
+    qk_scale,
+    group,
+    window,
+    n_splits,
+    sq_b,
+    sq_h,
+    sk_s,
+    sk_l,
+    sk_h,
+    sv_s,
+    sv_l,
+    sv_h,
+    HEAD_D: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    HAS_WINDOW: tl.constexpr,
+    DOT_F32: tl.constexpr,
+):
     sp, g, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     Hq = group * tl.num_programs(1)
     L = tl.load(lens_ptr + b)
@@ -39,18 +57,19 @@ def _decode_split_kernel(
     gi = tl.arange(0, BLOCK_G)
     heads = g * group + gi
     d = tl.arange(0, HEAD_D)
-    q = tl.load(q_ptr + b * sq_b + heads[:, None] * sq_h + d[None, :],
-                mask=(gi < group)[:, None], other=0.0)  # fmt: skip
+    q = tl.load(q_ptr + b * sq_b + heads[:, None] * sq_h + d[None, :], mask=(gi < group)[:, None], other=0.0)
     m = tl.full((BLOCK_G,), float("-inf"), tl.float32)
     l_sum = tl.zeros((BLOCK_G,), tl.float32)
     acc = tl.zeros((BLOCK_G, HEAD_D), tl.float32)
     for j0 in range(k_lo, k_hi, BLOCK_N):
         cols = j0 + tl.arange(0, BLOCK_N)
         ok = cols < k_hi
-        k = tl.load(k_ptr + b * sk_s + cols[:, None].to(tl.int64) * sk_l + g * sk_h + d[None, :],
-                    mask=ok[:, None], other=0.0)  # fmt: skip
-        v = tl.load(v_ptr + b * sv_s + cols[:, None].to(tl.int64) * sv_l + g * sv_h + d[None, :],
-                    mask=ok[:, None], other=0.0)  # fmt: skip
+        k = tl.load(
+            k_ptr + b * sk_s + cols[:, None].to(tl.int64) * sk_l + g * sk_h + d[None, :], mask=ok[:, None], other=0.0
+        )
+        v = tl.load(
+            v_ptr + b * sv_s + cols[:, None].to(tl.int64) * sv_l + g * sv_h + d[None, :], mask=ok[:, None], other=0.0
+        )
         s = tl.where(ok[None, :], dot(q, tl.trans(k), DOT_F32) * qk_scale, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, axis=1))
         alpha = tl.exp2(m - m_new)
@@ -74,8 +93,7 @@ def _decode_merge_kernel(o_ptr, ml_ptr, out_ptr, n_splits, HEAD_D: tl.constexpr,
     l_sum = tl.load(ml_ptr + (bh * n_splits + sp) * 2 + 1, mask=ok, other=0.0)
     w = tl.exp2(m - tl.max(m, axis=0))  # empty splits have m = -inf: weight 0
     d = tl.arange(0, HEAD_D)
-    o = tl.load(o_ptr + (bh * n_splits + sp)[:, None] * HEAD_D + d[None, :], mask=ok[:, None],
-                other=0.0)  # fmt: skip
+    o = tl.load(o_ptr + (bh * n_splits + sp)[:, None] * HEAD_D + d[None, :], mask=ok[:, None], other=0.0)
     out = tl.sum(o * w[:, None], axis=0) / tl.sum(l_sum * w, axis=0)
     tl.store(out_ptr + bh * HEAD_D + d, out.to(out_ptr.dtype.element_ty))
 
@@ -105,14 +123,28 @@ def decode_attention(
     ml = torch.empty(Bsz, Hq, n_splits, 2, device=q.device, dtype=torch.float32)
     lens = kv_lens.to(device=q.device, dtype=torch.int32)
     _decode_split_kernel[(n_splits, Hkv, Bsz)](
-        q, k_cache, v_cache, lens, o, ml, scale * _LOG2E, group,
-        window if window is not None else 0, n_splits,
-        q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3],
-        HEAD_D=d, BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_N=block_n,
+        q,
+        k_cache,
+        v_cache,
+        lens,
+        o,
+        ml,
+        scale * _LOG2E,
+        group,
+        window if window is not None else 0,
+        n_splits,
+        q.stride(0),
+        q.stride(1),
+        *k_cache.stride()[:3],
+        *v_cache.stride()[:3],
+        HEAD_D=d,
+        BLOCK_G=max(16, triton.next_power_of_2(group)),
+        BLOCK_N=block_n,
         HAS_WINDOW=window is not None,
         DOT_F32=q.dtype == torch.float32 or (_INTERPRET and q.dtype == torch.bfloat16),
-        num_warps=4, num_stages=2,
-    )  # fmt: skip
+        num_warps=4,
+        num_stages=2,
+    )
     out = torch.empty(Bsz, Hq, d, device=q.device, dtype=q.dtype)
     _decode_merge_kernel[(Bsz * Hq,)](
         o, ml, out, n_splits, HEAD_D=d, BLOCK_SPLITS=triton.next_power_of_2(n_splits), num_warps=4

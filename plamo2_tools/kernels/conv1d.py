@@ -16,10 +16,24 @@ from plamo2_tools.kernels.triton_math import silu
 
 @triton.jit
 def _conv_kernel(
-    x_ptr, w_ptr, y_ptr, state_ptr, has_init_ptr, seq_ptr, cu_ptr,
-    T, Cch, sx, ss_seq, ss_c, ss_k,
-    K: tl.constexpr, HAS_STATE: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr,
-):  # fmt: skip
+    x_ptr,
+    w_ptr,
+    y_ptr,
+    state_ptr,
+    has_init_ptr,
+    seq_ptr,
+    cu_ptr,
+    T,
+    Cch,
+    sx,
+    ss_seq,
+    ss_c,
+    ss_k,
+    K: tl.constexpr,
+    HAS_STATE: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):
     t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     t_ok, c_ok = t < T, c < Cch
@@ -33,8 +47,9 @@ def _conv_kernel(
         in_seq = src >= start
         v = tl.load(
             x_ptr + src[:, None] * sx + c[None, :],
-            mask=(t_ok & in_seq)[:, None] & c_ok[None, :], other=0.0,
-        ).to(tl.float32)  # fmt: skip
+            mask=(t_ok & in_seq)[:, None] & c_ok[None, :],
+            other=0.0,
+        ).to(tl.float32)
         if HAS_STATE:  # before the sequence start: its history slot (K-1) + (src - start)
             h_off = seq * ss_seq + ((K - 1) + src - start) * ss_k
             hist_mask = (t_ok & ~in_seq & use_state)[:, None] & c_ok[None, :]
@@ -43,15 +58,24 @@ def _conv_kernel(
         w = tl.load(w_ptr + c * K + k, mask=c_ok, other=0.0).to(tl.float32)
         acc += v * w[None, :]
     y = silu(acc)
-    tl.store(y_ptr + t[:, None] * Cch + c[None, :], y.to(y_ptr.dtype.element_ty),
-             mask=t_ok[:, None] & c_ok[None, :])  # fmt: skip
+    tl.store(y_ptr + t[:, None] * Cch + c[None, :], y.to(y_ptr.dtype.element_ty), mask=t_ok[:, None] & c_ok[None, :])
 
 
 @triton.jit
 def _conv_state_kernel(
-    x_ptr, state_ptr, has_init_ptr, cu_ptr, Cch, sx, ss_seq, ss_c, ss_k,
-    KM1: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_C: tl.constexpr,
-):  # fmt: skip
+    x_ptr,
+    state_ptr,
+    has_init_ptr,
+    cu_ptr,
+    Cch,
+    sx,
+    ss_seq,
+    ss_c,
+    ss_k,
+    KM1: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):
     """New state of sequence s = its last K-1 inputs, reaching back into the old state."""
     s = tl.program_id(0)
     c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
@@ -61,14 +85,14 @@ def _conv_state_kernel(
     pos = end - start - KM1 + j  # position relative to the sequence start
     c_ok, j_ok = c < Cch, j < KM1
     base = state_ptr + s * ss_seq + c[:, None] * ss_c
-    from_x = tl.load(x_ptr + (start + pos)[None, :] * sx + c[:, None],
-                     mask=c_ok[:, None] & (j_ok & (pos >= 0))[None, :], other=0.0)  # fmt: skip
+    from_x = tl.load(
+        x_ptr + (start + pos)[None, :] * sx + c[:, None], mask=c_ok[:, None] & (j_ok & (pos >= 0))[None, :], other=0.0
+    )
     # (tl.where, not &: the interpreter rejects masks mixing scalar and vector booleans)
     hist_mask = tl.where(use_state, c_ok[:, None] & (j_ok & (pos < 0))[None, :], False)
     from_state = tl.load(base + (KM1 + pos)[None, :] * ss_k, mask=hist_mask, other=0.0)
     new = from_x.to(tl.float32) + from_state.to(tl.float32)
-    tl.store(base + j[None, :] * ss_k, new.to(state_ptr.dtype.element_ty),
-             mask=c_ok[:, None] & j_ok[None, :])  # fmt: skip
+    tl.store(base + j[None, :] * ss_k, new.to(state_ptr.dtype.element_ty), mask=c_ok[:, None] & j_ok[None, :])
 
 
 def causal_conv1d(
@@ -96,23 +120,55 @@ def causal_conv1d(
     y = torch.empty_like(x)
     block_c = min(128, triton.next_power_of_2(Cch))
     _conv_kernel[(triton.cdiv(T, 32), triton.cdiv(Cch, block_c))](
-        x, weight.contiguous(), y, state, has_init, seq, cu, T, Cch, x.stride(0), *ss,
-        K=K, HAS_STATE=conv_state is not None and has_initial_state is not None,
-        BLOCK_T=32, BLOCK_C=block_c, num_warps=4,
-    )  # fmt: skip
+        x,
+        weight.contiguous(),
+        y,
+        state,
+        has_init,
+        seq,
+        cu,
+        T,
+        Cch,
+        x.stride(0),
+        *ss,
+        K=K,
+        HAS_STATE=conv_state is not None and has_initial_state is not None,
+        BLOCK_T=32,
+        BLOCK_C=block_c,
+        num_warps=4,
+    )
     if conv_state is not None:
         _conv_state_kernel[(S, triton.cdiv(Cch, block_c))](
-            x, conv_state, has_init, cu, Cch, x.stride(0), *ss,
-            KM1=K - 1, BLOCK_K=triton.next_power_of_2(K - 1), BLOCK_C=block_c, num_warps=4,
-        )  # fmt: skip
+            x,
+            conv_state,
+            has_init,
+            cu,
+            Cch,
+            x.stride(0),
+            *ss,
+            KM1=K - 1,
+            BLOCK_K=triton.next_power_of_2(K - 1),
+            BLOCK_C=block_c,
+            num_warps=4,
+        )
     return y
 
 
 @triton.jit
 def _conv_update_kernel(
-    x_ptr, state_ptr, w_ptr, y_ptr, Cch, sx, ss_b, ss_c, ss_k,
-    K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_C: tl.constexpr,
-):  # fmt: skip
+    x_ptr,
+    state_ptr,
+    w_ptr,
+    y_ptr,
+    Cch,
+    sx,
+    ss_b,
+    ss_c,
+    ss_k,
+    K: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):
     b = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     j = tl.arange(0, BLOCK_K)
@@ -125,11 +181,9 @@ def _conv_update_kernel(
     acc = tl.sum(hist.to(tl.float32) * w.to(tl.float32), axis=1) + x.to(tl.float32) * w_last
     tl.store(y_ptr + b * Cch + c, silu(acc).to(y_ptr.dtype.element_ty), mask=c_ok)
     # Shift left by one: slot j takes old slot j+1, the last slot takes x.
-    nxt = tl.load(base + (j + 1)[None, :] * ss_k,
-                  mask=c_ok[:, None] & (j + 1 < K - 1)[None, :], other=0.0)  # fmt: skip
+    nxt = tl.load(base + (j + 1)[None, :] * ss_k, mask=c_ok[:, None] & (j + 1 < K - 1)[None, :], other=0.0)
     nxt = tl.where((j == K - 2)[None, :], x[:, None].to(nxt.dtype), nxt)
-    tl.store(base + j[None, :] * ss_k, nxt.to(state_ptr.dtype.element_ty),
-             mask=c_ok[:, None] & hist_ok[None, :])  # fmt: skip
+    tl.store(base + j[None, :] * ss_k, nxt.to(state_ptr.dtype.element_ty), mask=c_ok[:, None] & hist_ok[None, :])
 
 
 def causal_conv1d_update(x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -140,7 +194,16 @@ def causal_conv1d_update(x: torch.Tensor, conv_state: torch.Tensor, weight: torc
     y = torch.empty(Bsz, Cch, device=x.device, dtype=x.dtype)
     block_c = min(256, triton.next_power_of_2(Cch))
     _conv_update_kernel[(Bsz, triton.cdiv(Cch, block_c))](
-        x, conv_state, weight.contiguous(), y, Cch, x.stride(0), *conv_state.stride(),
-        K=K, BLOCK_K=triton.next_power_of_2(K - 1), BLOCK_C=block_c, num_warps=4,
-    )  # fmt: skip
+        x,
+        conv_state,
+        weight.contiguous(),
+        y,
+        Cch,
+        x.stride(0),
+        *conv_state.stride(),
+        K=K,
+        BLOCK_K=triton.next_power_of_2(K - 1),
+        BLOCK_C=block_c,
+        num_warps=4,
+    )
     return y

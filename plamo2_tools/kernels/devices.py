@@ -22,9 +22,30 @@ from ..errors import EnvironmentLimitError, UserError
 BACKENDS = ("auto", "torch", "triton")  # auto: Triton on CUDA devices when it imports, else PyTorch
 DEVICES = ("cpu", "cuda", "cuda:N")
 # The device types `torch.device` accepts (c10/core/DeviceType.cpp, torch 2.x); other names are not devices.
-TORCH_DEVICE_TYPES = frozenset(("cpu", "cuda", "ipu", "xpu", "mkldnn", "opengl", "opencl", "ideep", "hip", "ve",
-                                "fpga", "maia", "xla", "lazy", "vulkan", "mps", "meta", "hpu", "mtia",
-                                "privateuseone"))  # fmt: skip
+TORCH_DEVICE_TYPES = frozenset(
+    (
+        "cpu",
+        "cuda",
+        "ipu",
+        "xpu",
+        "mkldnn",
+        "opengl",
+        "opencl",
+        "ideep",
+        "hip",
+        "ve",
+        "fpga",
+        "maia",
+        "xla",
+        "lazy",
+        "vulkan",
+        "mps",
+        "meta",
+        "hpu",
+        "mtia",
+        "privateuseone",
+    )
+)
 _DEVICE = re.compile(r"([a-z]+)(?::(0|[1-9][0-9]*))?")  # torch's grammar: a type, then an optional :index
 
 

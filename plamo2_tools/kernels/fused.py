@@ -20,9 +20,20 @@ import triton.language as tl
 
 @triton.jit
 def _norm_add_norm_kernel(
-    x_ptr, res_ptr, w1_ptr, w2_ptr, y_ptr, r_ptr, R, D, sx, s_res, eps,
-    BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
-):  # fmt: skip
+    x_ptr,
+    res_ptr,
+    w1_ptr,
+    w2_ptr,
+    y_ptr,
+    r_ptr,
+    R,
+    D,
+    sx,
+    s_res,
+    eps,
+    BLOCK_R: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     cols = tl.arange(0, BLOCK_D)
     mask = (rows < R)[:, None] & (cols < D)[None, :]
@@ -53,9 +64,21 @@ def norm_add_norm(
     block_d = triton.next_power_of_2(D)
     block_r = min(triton.next_power_of_2(max(M, 1)), max(1, 4096 // block_d))
     _norm_add_norm_kernel[(triton.cdiv(M, block_r),)](
-        x, residual, w1.contiguous(), w2.contiguous(), y, r, M, D, x.stride(0), residual.stride(0), eps,
-        BLOCK_R=block_r, BLOCK_D=block_d, num_warps=8 if block_r * block_d >= 8192 else 4,
-    )  # fmt: skip
+        x,
+        residual,
+        w1.contiguous(),
+        w2.contiguous(),
+        y,
+        r,
+        M,
+        D,
+        x.stride(0),
+        residual.stride(0),
+        eps,
+        BLOCK_R=block_r,
+        BLOCK_D=block_d,
+        num_warps=8 if block_r * block_d >= 8192 else 4,
+    )
     return y, r
 
 
@@ -72,9 +95,22 @@ def _segment_norm(in_ptr, w_ptr, out_ptr, t, t_ok, s_in, col0, W, eps, BLOCK_W: 
 
 @triton.jit
 def _bcdt_norm_kernel(
-    in_ptr, wb_ptr, wc_ptr, wdt_ptr, b_ptr, c_ptr, dt_ptr, T, N, R, s_in, eps,
-    BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr,
-):  # fmt: skip
+    in_ptr,
+    wb_ptr,
+    wc_ptr,
+    wdt_ptr,
+    b_ptr,
+    c_ptr,
+    dt_ptr,
+    T,
+    N,
+    R,
+    s_in,
+    eps,
+    BLOCK_T: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+):
     t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     t_ok = t < T
     _segment_norm(in_ptr, wb_ptr, b_ptr, t, t_ok, s_in, 0, N, eps, BLOCK_N)
@@ -95,18 +131,53 @@ def bcdt_rms_norm(
     block_n, block_r = triton.next_power_of_2(N), triton.next_power_of_2(R)
     block_t = max(1, min(triton.next_power_of_2(max(T, 1)), 2048 // max(block_n, block_r)))
     _bcdt_norm_kernel[(triton.cdiv(T, block_t),)](
-        bcdt, wB.contiguous(), wC.contiguous(), wdt.contiguous(), B, C, dt, T, N, R, bcdt.stride(0), eps,
-        BLOCK_T=block_t, BLOCK_N=block_n, BLOCK_R=block_r, num_warps=4,
-    )  # fmt: skip
+        bcdt,
+        wB.contiguous(),
+        wC.contiguous(),
+        wdt.contiguous(),
+        B,
+        C,
+        dt,
+        T,
+        N,
+        R,
+        bcdt.stride(0),
+        eps,
+        BLOCK_T=block_t,
+        BLOCK_N=block_n,
+        BLOCK_R=block_r,
+        num_warps=4,
+    )
     return B, C, dt
 
 
 @triton.jit
 def _qk_norm_rope_kernel(
-    qkv_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, q_ptr, kc_ptr, vc_ptr, seq_ptr, pos_ptr,
-    T, Hq, Hkv, s_qkv, s_cs, skc_s, skc_l, skc_h, svc_s, svc_l, svc_h, eps,
-    HALF: tl.constexpr, BLOCK_T: tl.constexpr,
-):  # fmt: skip
+    qkv_ptr,
+    qw_ptr,
+    kw_ptr,
+    cos_ptr,
+    sin_ptr,
+    q_ptr,
+    kc_ptr,
+    vc_ptr,
+    seq_ptr,
+    pos_ptr,
+    T,
+    Hq,
+    Hkv,
+    s_qkv,
+    s_cs,
+    skc_s,
+    skc_l,
+    skc_h,
+    svc_s,
+    svc_l,
+    svc_h,
+    eps,
+    HALF: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+):
     """Program (token block, head): heads [0, Hq) are q, then Hkv k heads, then Hkv v heads."""
     t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     h = tl.program_id(1)
@@ -169,8 +240,26 @@ def qk_norm_rope(
     q = torch.empty(T, Hq, d, device=qkv.device, dtype=qkv.dtype)
     block_t = max(1, min(16, triton.next_power_of_2(max(T, 1))))
     _qk_norm_rope_kernel[(triton.cdiv(T, block_t), Hq + 2 * Hkv)](
-        qkv, q_weight.contiguous(), k_weight.contiguous(), cos, sin, q, k_cache, v_cache, seq_index, positions,
-        T, Hq, Hkv, qkv.stride(0), cos.stride(0), *k_cache.stride()[:3], *v_cache.stride()[:3], eps,
-        HALF=d // 2, BLOCK_T=block_t, num_warps=4 if block_t * d >= 1024 else 1,
-    )  # fmt: skip
+        qkv,
+        q_weight.contiguous(),
+        k_weight.contiguous(),
+        cos,
+        sin,
+        q,
+        k_cache,
+        v_cache,
+        seq_index,
+        positions,
+        T,
+        Hq,
+        Hkv,
+        qkv.stride(0),
+        cos.stride(0),
+        *k_cache.stride()[:3],
+        *v_cache.stride()[:3],
+        eps,
+        HALF=d // 2,
+        BLOCK_T=block_t,
+        num_warps=4 if block_t * d >= 1024 else 1,
+    )
     return q

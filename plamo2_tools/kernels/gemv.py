@@ -34,9 +34,16 @@ GEMV_MAX_M = 1
 # What the autotuner chooses from on a GPU (a card's tuned table may only name one of these).
 GPU_CONFIGS = [
     triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w, num_stages=st)
-    for bn, bk, w, st in ((4, 1024, 4, 3), (8, 512, 4, 3), (8, 1024, 8, 3), (16, 512, 8, 3), (16, 256, 4, 4),
-                          (32, 256, 8, 3), (2, 2048, 4, 3))
-]  # fmt: skip
+    for bn, bk, w, st in (
+        (4, 1024, 4, 3),
+        (8, 512, 4, 3),
+        (8, 1024, 8, 3),
+        (16, 512, 8, 3),
+        (16, 256, 4, 4),
+        (32, 256, 8, 3),
+        (2, 2048, 4, 3),
+    )
+]
 # One config under the interpreter: multi-config autotune needs a GPU driver.
 _CONFIGS = [triton.Config({"BLOCK_N": 4, "BLOCK_K": 64}, num_warps=1)] if _INTERPRET else GPU_CONFIGS
 _CACHE_RESULTS = {"cache_results": True} if "cache_results" in inspect.signature(triton.autotune).parameters else {}

@@ -14,10 +14,22 @@ import triton.language as tl
 
 @triton.jit
 def _rms_norm_kernel(
-    x_ptr, res_ptr, y_ptr, r_ptr, w_ptr,
-    R, D, heads, sx_outer, sx_inner, s_res, eps,
-    HAS_RES: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
-):  # fmt: skip
+    x_ptr,
+    res_ptr,
+    y_ptr,
+    r_ptr,
+    w_ptr,
+    R,
+    D,
+    heads,
+    sx_outer,
+    sx_inner,
+    s_res,
+    eps,
+    HAS_RES: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     cols = tl.arange(0, BLOCK_D)
     mask = (rows < R)[:, None] & (cols < D)[None, :]
@@ -41,11 +53,23 @@ def _launch(x, weight, eps, residual, heads, s_outer, s_inner, rows, D):
     block_d = triton.next_power_of_2(D)
     block_r = min(triton.next_power_of_2(max(rows, 1)), max(1, 4096 // block_d))
     _rms_norm_kernel[(triton.cdiv(rows, block_r),)](
-        x, residual if residual is not None else x, y, r, weight,
-        rows, D, heads, s_outer, s_inner, residual.stride(0) if residual is not None else 0, eps,
-        HAS_RES=residual is not None, BLOCK_R=block_r, BLOCK_D=block_d,
+        x,
+        residual if residual is not None else x,
+        y,
+        r,
+        weight,
+        rows,
+        D,
+        heads,
+        s_outer,
+        s_inner,
+        residual.stride(0) if residual is not None else 0,
+        eps,
+        HAS_RES=residual is not None,
+        BLOCK_R=block_r,
+        BLOCK_D=block_d,
         num_warps=8 if block_r * block_d >= 8192 else 4,
-    )  # fmt: skip
+    )
     return y, r
 
 

@@ -67,10 +67,23 @@ def _chunk_of(cu_ptr, c, S, Q: tl.constexpr, BLOCK_S: tl.constexpr):
 
 @triton.jit
 def _chunk_cumsum_kernel(
-    dt_ptr, A_ptr, bias_ptr, cu_ptr, bounds_ptr, acum_ptr, delta_ptr, w_ptr, atot_ptr,
-    S, H, T, sdt_t, sdt_h,
-    Q: tl.constexpr, BLOCK_S: tl.constexpr,
-):  # fmt: skip
+    dt_ptr,
+    A_ptr,
+    bias_ptr,
+    cu_ptr,
+    bounds_ptr,
+    acum_ptr,
+    delta_ptr,
+    w_ptr,
+    atot_ptr,
+    S,
+    H,
+    T,
+    sdt_t,
+    sdt_h,
+    Q: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+):
     """Per (chunk, head): bounds, a_t, delta_t, w_t = exp(a_last - a_t) delta_t and a_last.
 
     Unused slots get the empty range (0, 0), which every later kernel skips.
@@ -102,12 +115,30 @@ def _chunk_cumsum_kernel(
 
 @triton.jit
 def _state_pass_kernel(
-    x_ptr, B_ptr, w_ptr, atot_ptr, init_ptr, states_ptr, final_ptr, cu_ptr,
-    S, H, P, N, T,
-    sx_t, sx_h, sB_t,
-    Q: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_S: tl.constexpr, HAS_INIT: tl.constexpr, DOT_F32: tl.constexpr,
-):  # fmt: skip
+    x_ptr,
+    B_ptr,
+    w_ptr,
+    atot_ptr,
+    init_ptr,
+    states_ptr,
+    final_ptr,
+    cu_ptr,
+    S,
+    H,
+    P,
+    N,
+    T,
+    sx_t,
+    sx_h,
+    sB_t,
+    Q: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    HAS_INIT: tl.constexpr,
+    DOT_F32: tl.constexpr,
+):
     """One sequence, one head, one (P, N) tile: S_start of each of its chunks, then the final S."""
     pb, nb, sh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     s, h = sh // H, sh % H
@@ -129,15 +160,16 @@ def _state_pass_kernel(
         k_in = kb % QB
         chunk = first_chunk + kb // QB
         # tl.where, not &: the interpreter rejects masks mixing scalar and vector booleans
-        tl.store(states_ptr + chunk.to(tl.int64) * H * P * N + hpn_off, state,
-                 mask=tl.where(k_in == 0, pn_mask, False))  # fmt: skip
+        tl.store(states_ptr + chunk.to(tl.int64) * H * P * N + hpn_off, state, mask=tl.where(k_in == 0, pn_mask, False))
         t = start + kb * BLOCK_Q + tl.arange(0, BLOCK_Q)
         t_ok = t < end
         w = tl.load(w_ptr + h.to(tl.int64) * T + t, mask=t_ok, other=0.0)
-        xk = tl.load(x_ptr + t[:, None].to(tl.int64) * sx_t + h * sx_h + p[None, :],
-                     mask=t_ok[:, None] & (p < P)[None, :], other=0.0)  # fmt: skip
-        Bk = tl.load(B_ptr + t[:, None] * sB_t + n[None, :],
-                     mask=t_ok[:, None] & (n < N)[None, :], other=0.0)  # fmt: skip
+        xk = tl.load(
+            x_ptr + t[:, None].to(tl.int64) * sx_t + h * sx_h + p[None, :],
+            mask=t_ok[:, None] & (p < P)[None, :],
+            other=0.0,
+        )
+        Bk = tl.load(B_ptr + t[:, None] * sB_t + n[None, :], mask=t_ok[:, None] & (n < N)[None, :], other=0.0)
         acc += dot(tl.trans(xk), (Bk.to(tl.float32) * w[:, None]).to(xk.dtype), DOT_F32)
         done = (k_in == QB - 1) | (kb == n_blocks - 1)  # the chunk's last block
         decay = tl.exp(tl.load(atot_ptr + chunk * H + h))
@@ -148,10 +180,23 @@ def _state_pass_kernel(
 
 @triton.jit
 def _chunk_state_kernel(
-    x_ptr, B_ptr, w_ptr, bounds_ptr, local_ptr,
-    H, P, N, T, sx_t, sx_h, sB_t,
-    BLOCK_K: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, DOT_F32: tl.constexpr,
-):  # fmt: skip
+    x_ptr,
+    B_ptr,
+    w_ptr,
+    bounds_ptr,
+    local_ptr,
+    H,
+    P,
+    N,
+    T,
+    sx_t,
+    sx_h,
+    sB_t,
+    BLOCK_K: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    DOT_F32: tl.constexpr,
+):
     """End state of chunk c started from zero: x^T (w * B) over its tokens."""
     c, pb, h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     c_start, c_end = tl.load(bounds_ptr + 2 * c), tl.load(bounds_ptr + 2 * c + 1)
@@ -165,21 +210,36 @@ def _chunk_state_kernel(
         t = k0 + tl.arange(0, BLOCK_K)
         t_ok = t < c_end
         w = tl.load(w_ptr + h.to(tl.int64) * T + t, mask=t_ok, other=0.0)
-        xk = tl.load(x_ptr + t[:, None].to(tl.int64) * sx_t + h * sx_h + p[None, :],
-                     mask=t_ok[:, None] & p_ok[None, :], other=0.0)  # fmt: skip
-        Bk = tl.load(B_ptr + t[:, None] * sB_t + n[None, :],
-                     mask=t_ok[:, None] & n_ok[None, :], other=0.0)  # fmt: skip
+        xk = tl.load(
+            x_ptr + t[:, None].to(tl.int64) * sx_t + h * sx_h + p[None, :],
+            mask=t_ok[:, None] & p_ok[None, :],
+            other=0.0,
+        )
+        Bk = tl.load(B_ptr + t[:, None] * sB_t + n[None, :], mask=t_ok[:, None] & n_ok[None, :], other=0.0)
         acc += dot(tl.trans(xk), (Bk.to(tl.float32) * w[:, None]).to(xk.dtype), DOT_F32)
-    tl.store(local_ptr + (c.to(tl.int64) * H + h) * P * N + p[:, None] * N + n[None, :], acc,
-             mask=p_ok[:, None] & n_ok[None, :])  # fmt: skip
+    tl.store(
+        local_ptr + (c.to(tl.int64) * H + h) * P * N + p[:, None] * N + n[None, :],
+        acc,
+        mask=p_ok[:, None] & n_ok[None, :],
+    )
 
 
 @triton.jit
 def _chunk_pass_kernel(
-    local_ptr, atot_ptr, init_ptr, states_ptr, final_ptr, cu_ptr,
-    S, H, PN,
-    Q: tl.constexpr, BLOCK: tl.constexpr, BLOCK_S: tl.constexpr, HAS_INIT: tl.constexpr,
-):  # fmt: skip
+    local_ptr,
+    atot_ptr,
+    init_ptr,
+    states_ptr,
+    final_ptr,
+    cu_ptr,
+    S,
+    H,
+    PN,
+    Q: tl.constexpr,
+    BLOCK: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    HAS_INIT: tl.constexpr,
+):
     """Chain one sequence's chunk states: states[c] = S entering chunk c; S <- exp(a) S + local."""
     tile, sh = tl.program_id(0), tl.program_id(1)
     s, h = sh // H, sh % H
@@ -230,12 +290,34 @@ if _INTERPRET:  # one config (multi-config autotune needs a GPU driver); few, la
 
 @triton.jit
 def _chunk_output_body(
-    x_ptr, z_ptr, B_ptr, C_ptr, D_ptr, states_ptr, acum_ptr, delta_ptr, bounds_ptr, y_ptr,
-    H, P, N, T,
-    sx_t, sx_h, sz_t, sz_h, sB_t, sC_t,
-    Q: tl.constexpr, BLOCK_N: tl.constexpr, HAS_Z: tl.constexpr, DOT_F32: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_P: tl.constexpr,
-):  # fmt: skip
+    x_ptr,
+    z_ptr,
+    B_ptr,
+    C_ptr,
+    D_ptr,
+    states_ptr,
+    acum_ptr,
+    delta_ptr,
+    bounds_ptr,
+    y_ptr,
+    H,
+    P,
+    N,
+    T,
+    sx_t,
+    sx_h,
+    sz_t,
+    sz_h,
+    sB_t,
+    sC_t,
+    Q: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    HAS_Z: tl.constexpr,
+    DOT_F32: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+):
     blocks_per_chunk = (Q + BLOCK_M - 1) // BLOCK_M
     c = tl.program_id(0) // blocks_per_chunk
     mb = tl.program_id(0) % blocks_per_chunk
@@ -259,10 +341,12 @@ def _chunk_output_body(
     n = tl.arange(0, BLOCK_N)
     p_ok, n_ok = p < P, n < N
     a_i = tl.load(acum_ptr + rows, mask=r_ok, other=0.0)
-    Cm = tl.load(C_ptr + rows[:, None] * sC_t + n[None, :],
-                 mask=r_ok[:, None] & n_ok[None, :], other=0.0)  # fmt: skip
-    s0 = tl.load(states_ptr + (c.to(tl.int64) * H + h) * P * N + p[:, None] * N + n[None, :],
-                 mask=p_ok[:, None] & n_ok[None, :], other=0.0)  # fmt: skip
+    Cm = tl.load(C_ptr + rows[:, None] * sC_t + n[None, :], mask=r_ok[:, None] & n_ok[None, :], other=0.0)
+    s0 = tl.load(
+        states_ptr + (c.to(tl.int64) * H + h) * P * N + p[:, None] * N + n[None, :],
+        mask=p_ok[:, None] & n_ok[None, :],
+        other=0.0,
+    )
     # Carried state: tf32 keeps more of the fp32 state than rounding it to bf16 would.
     if DOT_F32:
         acc = tl.dot(Cm.to(tl.float32), tl.trans(s0), input_precision="ieee")
@@ -275,10 +359,8 @@ def _chunk_output_body(
         k_ok = cols < L
         a_j = tl.load(acum_ptr + cols, mask=k_ok, other=0.0)
         dl = tl.load(delta_ptr + cols, mask=k_ok, other=0.0)
-        Bk = tl.load(B_ptr + cols[:, None] * sB_t + n[None, :],
-                     mask=k_ok[:, None] & n_ok[None, :], other=0.0)  # fmt: skip
-        xk = tl.load(x_ptr + cols[:, None] * sx_t + p[None, :],
-                     mask=k_ok[:, None] & p_ok[None, :], other=0.0)  # fmt: skip
+        Bk = tl.load(B_ptr + cols[:, None] * sB_t + n[None, :], mask=k_ok[:, None] & n_ok[None, :], other=0.0)
+        xk = tl.load(x_ptr + cols[:, None] * sx_t + p[None, :], mask=k_ok[:, None] & p_ok[None, :], other=0.0)
         causal = rows[:, None] >= cols[None, :]
         decay = tl.exp(tl.where(causal, a_i[:, None] - a_j[None, :], float("-inf")))
         cb = dot(Cm, tl.trans(Bk), DOT_F32)
@@ -290,8 +372,7 @@ def _chunk_output_body(
     if HAS_Z:
         z = tl.load(z_ptr + t0 * sz_t + h * sz_h + rows[:, None] * sz_t + p[None, :], mask=mask, other=0.0)
         acc *= silu(z.to(tl.float32))
-    tl.store(y_ptr + (t0 * H + h) * P + rows[:, None] * (H * P) + p[None, :], acc.to(y_ptr.dtype.element_ty),
-             mask=mask)  # fmt: skip
+    tl.store(y_ptr + (t0 * H + h) * P + rows[:, None] * (H * P) + p[None, :], acc.to(y_ptr.dtype.element_ty), mask=mask)
 
 
 # Triton's own record of its autotuning, kept in its cache directory between runs (Triton >= 3.2).
@@ -393,8 +474,17 @@ def _prepare(x, dt, A, B, C, D, z, dt_bias, cu_seqlens, initial_state, Q, parall
     slots = T // Q + S  # >= sum_s ceil(L_s / Q)
     f32 = torch.float32
     return _Scan(
-        x=x, dt=dt, A=A.contiguous(), B=B, C=C, D=D.contiguous(), z=z, dt_bias=dt_bias.contiguous(),
-        cu=cu, init=None if initial_state is None else initial_state.float().contiguous(), Q=Q,
+        x=x,
+        dt=dt,
+        A=A.contiguous(),
+        B=B,
+        C=C,
+        D=D.contiguous(),
+        z=z,
+        dt_bias=dt_bias.contiguous(),
+        cu=cu,
+        init=None if initial_state is None else initial_state.float().contiguous(),
+        Q=Q,
         bounds=torch.empty(slots, 2, device=dev, dtype=torch.int32),
         acum=torch.empty(H, T, device=dev, dtype=f32),
         delta=torch.empty(H, T, device=dev, dtype=f32),
@@ -405,15 +495,30 @@ def _prepare(x, dt, A, B, C, D, z, dt_bias, cu_seqlens, initial_state, Q, parall
         y=torch.empty(T, H, P, device=dev, dtype=x.dtype),
         dot_f32=x.dtype == f32 or (_INTERPRET and x.dtype == torch.bfloat16),
         local=torch.empty(slots, H, P, N, device=dev, dtype=f32) if parallel else None,
-    )  # fmt: skip
+    )
 
 
 def _launch_cumsum(w: _Scan) -> None:
     T, S, H, P, N = w.dims
     _chunk_cumsum_kernel[(w.slots, H)](
-        w.dt, w.A, w.dt_bias, w.cu, w.bounds, w.acum, w.delta, w.w, w.atot,
-        S, H, T, w.dt.stride(0), w.dt.stride(1), Q=w.Q, BLOCK_S=w.block_s, num_warps=4,
-    )  # fmt: skip
+        w.dt,
+        w.A,
+        w.dt_bias,
+        w.cu,
+        w.bounds,
+        w.acum,
+        w.delta,
+        w.w,
+        w.atot,
+        S,
+        H,
+        T,
+        w.dt.stride(0),
+        w.dt.stride(1),
+        Q=w.Q,
+        BLOCK_S=w.block_s,
+        num_warps=4,
+    )
 
 
 def _launch_sequential(w: _Scan, block_q: int | None = None, warps: int = 4, stages: int = 2) -> None:
@@ -421,11 +526,32 @@ def _launch_sequential(w: _Scan, block_q: int | None = None, warps: int = 4, sta
     bp, bn = _state_tiles(w.x.device, P, N, S * H)
     block_q = min(block_q or (16 if _INTERPRET else 128), w.Q)
     _state_pass_kernel[(triton.cdiv(P, bp), triton.cdiv(N, bn), S * H)](
-        w.x, w.B, w.w, w.atot, w.init if w.init is not None else w.final, w.states, w.final, w.cu,
-        S, H, P, N, T, w.x.stride(0), w.x.stride(1), w.B.stride(0),
-        Q=w.Q, BLOCK_Q=block_q, BLOCK_P=bp, BLOCK_N=bn, BLOCK_S=w.block_s,
-        HAS_INIT=w.init is not None, DOT_F32=w.dot_f32, num_warps=warps, num_stages=stages,
-    )  # fmt: skip
+        w.x,
+        w.B,
+        w.w,
+        w.atot,
+        w.init if w.init is not None else w.final,
+        w.states,
+        w.final,
+        w.cu,
+        S,
+        H,
+        P,
+        N,
+        T,
+        w.x.stride(0),
+        w.x.stride(1),
+        w.B.stride(0),
+        Q=w.Q,
+        BLOCK_Q=block_q,
+        BLOCK_P=bp,
+        BLOCK_N=bn,
+        BLOCK_S=w.block_s,
+        HAS_INIT=w.init is not None,
+        DOT_F32=w.dot_f32,
+        num_warps=warps,
+        num_stages=stages,
+    )
 
 
 def _launch_chunk_states(w: _Scan, block_p: int = 64, block_k: int = 64, warps: int = 4, stages: int = 3) -> None:
@@ -435,10 +561,25 @@ def _launch_chunk_states(w: _Scan, block_p: int = 64, block_k: int = 64, warps: 
         block_p, block_k = min(block_p, 32), min(block_k, 16)
     block_p = min(block_p, triton.next_power_of_2(P))
     _chunk_state_kernel[(w.slots, triton.cdiv(P, block_p), H)](
-        w.x, w.B, w.w, w.bounds, w.local, H, P, N, T, w.x.stride(0), w.x.stride(1), w.B.stride(0),
-        BLOCK_K=min(block_k, w.Q), BLOCK_P=block_p, BLOCK_N=triton.next_power_of_2(N),
-        DOT_F32=w.dot_f32, num_warps=warps, num_stages=stages,
-    )  # fmt: skip
+        w.x,
+        w.B,
+        w.w,
+        w.bounds,
+        w.local,
+        H,
+        P,
+        N,
+        T,
+        w.x.stride(0),
+        w.x.stride(1),
+        w.B.stride(0),
+        BLOCK_K=min(block_k, w.Q),
+        BLOCK_P=block_p,
+        BLOCK_N=triton.next_power_of_2(N),
+        DOT_F32=w.dot_f32,
+        num_warps=warps,
+        num_stages=stages,
+    )
 
 
 def _launch_chunk_pass(w: _Scan, block: int = 512, warps: int = 4) -> None:
@@ -446,10 +587,22 @@ def _launch_chunk_pass(w: _Scan, block: int = 512, warps: int = 4) -> None:
     assert w.local is not None
     block = min(block, triton.next_power_of_2(P * N))
     _chunk_pass_kernel[(triton.cdiv(P * N, block), S * H)](
-        w.local, w.atot, w.init if w.init is not None else w.final, w.states, w.final, w.cu,
-        S, H, P * N, Q=w.Q, BLOCK=block, BLOCK_S=w.block_s, HAS_INIT=w.init is not None,
-        num_warps=warps, num_stages=1,
-    )  # fmt: skip
+        w.local,
+        w.atot,
+        w.init if w.init is not None else w.final,
+        w.states,
+        w.final,
+        w.cu,
+        S,
+        H,
+        P * N,
+        Q=w.Q,
+        BLOCK=block,
+        BLOCK_S=w.block_s,
+        HAS_INIT=w.init is not None,
+        num_warps=warps,
+        num_stages=1,
+    )
 
 
 def _launch_output(w: _Scan) -> None:
@@ -463,11 +616,31 @@ def _launch_output(w: _Scan) -> None:
     if w.x.is_cuda:
         tuned.seed_once(kernel, "ssd_chunk_output_f32" if w.dot_f32 else "ssd_chunk_output", w.x.device)
     kernel[grid](
-        w.x, zz, w.B, w.C, w.D, w.states, w.acum, w.delta, w.bounds, w.y,
-        H, P, N, T, w.x.stride(0), w.x.stride(1), zz.stride(0), zz.stride(1),
-        w.B.stride(0), w.C.stride(0),
-        Q=w.Q, BLOCK_N=triton.next_power_of_2(N), HAS_Z=w.z is not None, DOT_F32=w.dot_f32,
-    )  # fmt: skip
+        w.x,
+        zz,
+        w.B,
+        w.C,
+        w.D,
+        w.states,
+        w.acum,
+        w.delta,
+        w.bounds,
+        w.y,
+        H,
+        P,
+        N,
+        T,
+        w.x.stride(0),
+        w.x.stride(1),
+        zz.stride(0),
+        zz.stride(1),
+        w.B.stride(0),
+        w.C.stride(0),
+        Q=w.Q,
+        BLOCK_N=triton.next_power_of_2(N),
+        HAS_Z=w.z is not None,
+        DOT_F32=w.dot_f32,
+    )
 
 
 def _run(args: tuple, variant: str, Q: int) -> _Scan:
@@ -499,8 +672,9 @@ def _auto_key(x: torch.Tensor, B: torch.Tensor, z, init, cu: torch.Tensor) -> tu
     return auto_key_of(T, cu.numel() - 1, H, P, B.shape[-1], x.dtype, z is None, init is None, x.device)
 
 
-def auto_key_of(T: int, S: int, H: int, P: int, N: int, dtype: torch.dtype, no_z: bool, no_init: bool,
-                device: torch.device) -> tuple:  # fmt: skip
+def auto_key_of(
+    T: int, S: int, H: int, P: int, N: int, dtype: torch.dtype, no_z: bool, no_init: bool, device: torch.device
+) -> tuple:
     """The shape bucket `auto_choice` decides once for: the layer's dims and the powers of two above
     the forward's tokens and sequences."""
     return (H, P, N, dtype, no_z, no_init, triton.next_power_of_2(max(T, 1)), triton.next_power_of_2(S), device)
@@ -531,8 +705,13 @@ def _tune_cache(device: torch.device) -> TuneCache:
     global _TUNE_CACHE
     if _TUNE_CACHE is None:
         props = torch.cuda.get_device_properties(device)
-        identity = {"plamo2_tools": __version__, "torch": torch.__version__, "triton": triton.__version__,
-                    "device": props.name, "capability": f"{props.major}.{props.minor}"}  # fmt: skip
+        identity = {
+            "plamo2_tools": __version__,
+            "torch": torch.__version__,
+            "triton": triton.__version__,
+            "device": props.name,
+            "capability": f"{props.major}.{props.minor}",
+        }
         _TUNE_CACHE = TuneCache("ssd_chunk_scan", identity)
     return _TUNE_CACHE
 

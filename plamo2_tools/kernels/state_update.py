@@ -18,11 +18,33 @@ from plamo2_tools.kernels.triton_math import silu, softplus
 
 @triton.jit
 def _state_update_kernel(
-    state_ptr, x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, bias_ptr, y_ptr,
-    H, P, N,
-    ss_b, ss_h, ss_p, sx_b, sx_h, sdt_b, sB_b, sC_b, sz_b, sz_h,
-    HAS_Z: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
-):  # fmt: skip
+    state_ptr,
+    x_ptr,
+    dt_ptr,
+    A_ptr,
+    B_ptr,
+    C_ptr,
+    D_ptr,
+    z_ptr,
+    bias_ptr,
+    y_ptr,
+    H,
+    P,
+    N,
+    ss_b,
+    ss_h,
+    ss_p,
+    sx_b,
+    sx_h,
+    sdt_b,
+    sB_b,
+    sC_b,
+    sz_b,
+    sz_h,
+    HAS_Z: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
     bh = tl.program_id(1)
     b, h = (bh // H).to(tl.int64), bh % H  # int64: a large state pool passes 2**31 elements
     p = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
@@ -69,9 +91,32 @@ def ssd_state_update(
     block_p = block_p or max(1, min(triton.next_power_of_2(P), 2048 // block_n))
     zz = z if z is not None else x
     _state_update_kernel[(triton.cdiv(P, block_p), Bsz * H)](
-        state, x, dt, A, B, C, D, zz, dt_bias, y, H, P, N,
-        state.stride(0), state.stride(1), state.stride(2), x.stride(0), x.stride(1), dt.stride(0),
-        B.stride(0), C.stride(0), zz.stride(0), zz.stride(1),
-        HAS_Z=z is not None, BLOCK_P=block_p, BLOCK_N=block_n, num_warps=num_warps,
-    )  # fmt: skip
+        state,
+        x,
+        dt,
+        A,
+        B,
+        C,
+        D,
+        zz,
+        dt_bias,
+        y,
+        H,
+        P,
+        N,
+        state.stride(0),
+        state.stride(1),
+        state.stride(2),
+        x.stride(0),
+        x.stride(1),
+        dt.stride(0),
+        B.stride(0),
+        C.stride(0),
+        zz.stride(0),
+        zz.stride(1),
+        HAS_Z=z is not None,
+        BLOCK_P=block_p,
+        BLOCK_N=block_n,
+        num_warps=num_warps,
+    )
     return y

@@ -208,9 +208,13 @@ def attention(
         if window is not None:
             mask &= last - kpos <= window
         o = F.scaled_dot_product_attention(
-            q[:, :, None], k_cache.transpose(1, 2), v_cache.transpose(1, 2),
-            attn_mask=mask[:, None, None, :], scale=scale, enable_gqa=gqa,
-        )  # fmt: skip
+            q[:, :, None],
+            k_cache.transpose(1, 2),
+            v_cache.transpose(1, 2),
+            attn_mask=mask[:, None, None, :],
+            scale=scale,
+            enable_gqa=gqa,
+        )
         return o[:, :, 0]
     with sdpa_kernel(_PREFILL_SDPA):
         return _prefill_attention(q, k_cache, v_cache, cu_seqlens_q.tolist(), kv_lens.tolist(), scale, window)

@@ -141,12 +141,16 @@ def table_for(card: Card, directory: Path | None = None) -> TunedTable | None:
     return None if where is None else _cached_table(card, where)
 
 
-def write_table(path: Path, card: Card, kernels: Mapping[str, Mapping[str, Any]], made_with: Mapping[str, Any]
-                ) -> Path:  # fmt: skip
+def write_table(path: Path, card: Card, kernels: Mapping[str, Mapping[str, Any]], made_with: Mapping[str, Any]) -> Path:
     """Write a card's table (temporary name, then rename: a reader sees the old file or the new)."""
-    data = {"kind": KIND, "schema_version": SCHEMA_VERSION, "card": card.name, "capability": card.capability,
-            "made_with": dict(made_with),
-            "kernels": {k: dict(sorted(v.items())) for k, v in kernels.items() if v}}  # fmt: skip
+    data = {
+        "kind": KIND,
+        "schema_version": SCHEMA_VERSION,
+        "card": card.name,
+        "capability": card.capability,
+        "made_with": dict(made_with),
+        "kernels": {k: dict(sorted(v.items())) for k, v in kernels.items() if v},
+    }
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(data, indent=1) + "\n")
@@ -164,8 +168,9 @@ def parse_key(text: str) -> tuple[Any, ...]:
     return tuple(int(p) if _INT.fullmatch(p) else p for p in text.split("|"))
 
 
-def nearest_choice(entries: Mapping[str, Any], key: tuple[Any, ...], valid: Callable[[Any], bool],
-                   buckets: int = 2) -> Any | None:  # fmt: skip
+def nearest_choice(
+    entries: Mapping[str, Any], key: tuple[Any, ...], valid: Callable[[Any], bool], buckets: int = 2
+) -> Any | None:
     """The entry for `key`, else the one whose key agrees on everything but the last `buckets`
     parts (powers of two: token and sequence buckets) and is nearest in log2 over those; ties go to
     the larger bucket.  Only `valid` values count."""

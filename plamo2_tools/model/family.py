@@ -189,8 +189,9 @@ class Family:
         """A synth preset as the config.json a real checkpoint of the family would carry."""
         return {"model_type": self.model_types[0], "architectures": [self.architectures[0]], **self.presets[name]}
 
-    def rank_model(self, cfg: Any, stage: tuple[int, int], weights: dict[str, Any], ops: Any, comm: Comm,
-                   **options: Any) -> RankModel:  # fmt: skip
+    def rank_model(
+        self, cfg: Any, stage: tuple[int, int], weights: dict[str, Any], ops: Any, comm: Comm, **options: Any
+    ) -> RankModel:
         """One rank's forward over its stage's layers with its TP-sharded weights (the runtime's)."""
         raise NotImplementedError
 

@@ -113,8 +113,9 @@ class KVCache(MixerState):
     per_token = frozenset({"k", "v"})
 
     @classmethod
-    def zeros(cls, batch: int, capacity: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
-              device: torch.device) -> KVCache:  # fmt: skip
+    def zeros(
+        cls, batch: int, capacity: int, kv_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device
+    ) -> KVCache:
         shape = (batch, capacity, kv_heads, head_dim)
         return cls(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
 
@@ -171,8 +172,15 @@ class PlamoLayer:
         self.norms = {n: w[f"{n}.weight"] for n in PLAMO_NORMS}
         self.gate_up, self.down = w["mlp.gate_up_proj.weight"], w["mlp.down_proj.weight"]
 
-    def __call__(self, h: Tensor, residual: Tensor | None, batch: Batch, state: MixerState,
-                 context: dict[Any, Any], pending: Tensor | None = None) -> tuple[Tensor, Tensor]:  # fmt: skip
+    def __call__(
+        self,
+        h: Tensor,
+        residual: Tensor | None,
+        batch: Batch,
+        state: MixerState,
+        context: dict[Any, Any],
+        pending: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor]:
         ops, eps, norms = self.ops, self.eps, self.norms
         if pending is None:
             h, residual = ops.rms_norm(h, norms["pre_mixer_norm"], eps, residual)
@@ -255,8 +263,9 @@ class RankModel:
         """Tables the layers of one forward share (none here)."""
         return {}
 
-    def stage(self, batch: Batch, states: dict[int, MixerState], h: Tensor, residual: Tensor | None
-              ) -> tuple[Tensor, ...]:  # fmt: skip
+    def stage(
+        self, batch: Batch, states: dict[int, MixerState], h: Tensor, residual: Tensor | None
+    ) -> tuple[Tensor, ...]:
         """The layers (and on the last stage the head) without the PP hand-over, so that a CUDA graph
         can hold them: (logits,) on the last stage, else the (hidden, residual) to send on."""
         context = self.prepare(batch)
@@ -278,8 +287,9 @@ class RankModel:
 MixerBuilder = Callable[[int, dict[str, Tensor], Any], Mixer]
 
 
-def plamo_layers(family: Any, cfg: Any, stage: tuple[int, int], weights: dict[str, Tensor], ops: Any, comm: Comm,
-                 mixer: MixerBuilder) -> tuple[list[PlamoLayer], Any]:  # fmt: skip
+def plamo_layers(
+    family: Any, cfg: Any, stage: tuple[int, int], weights: dict[str, Tensor], ops: Any, comm: Comm, mixer: MixerBuilder
+) -> tuple[list[PlamoLayer], Any]:
     """The PLaMo layers of one PP stage around the mixers a family builds, and the rank's sizes
     (`Family.rank_sizes`: what the tensor table's split rules give this TP rank)."""
     sizes = family.rank_sizes(cfg, comm.info.tp, comm.info.tp_rank)

@@ -94,8 +94,13 @@ def find_hparam(raw: dict[str, Any], keys: tuple[str, ...]) -> Any:
 
 
 ROPE_THETA_KEYS = ("global_rope_theta", "rope_global_theta", "rope_theta_global", "rope_theta", "rotary_emb_base")
-LOCAL_ROPE_THETA_KEYS = ("local_rope_theta", "rope_local_theta", "rope_theta_local", "swa_rope_theta",
-                         "rope_local_base_freq")  # fmt: skip
+LOCAL_ROPE_THETA_KEYS = (
+    "local_rope_theta",
+    "rope_local_theta",
+    "rope_theta_local",
+    "swa_rope_theta",
+    "rope_local_base_freq",
+)
 
 
 def rope_parameters(raw: dict[str, Any]) -> dict[str, Any]:
@@ -112,8 +117,10 @@ def rope_parameters(raw: dict[str, Any]) -> dict[str, Any]:
             params["rope_theta"] = theta
         if "rope_type" not in params and params.get("type") is not None:
             params["rope_type"] = params["type"]
-        for keys, name in ((("partial_rotary_factor", "rope_pct", "rope_percent"), "partial_rotary_factor"),
-                           (("original_max_position_embeddings",), "original_max_position_embeddings")):  # fmt: skip
+        for keys, name in (
+            (("partial_rotary_factor", "rope_pct", "rope_percent"), "partial_rotary_factor"),
+            (("original_max_position_embeddings",), "original_max_position_embeddings"),
+        ):
             value = find_hparam(raw, keys)
             if name not in params and value is not None:
                 params[name] = value

@@ -228,7 +228,7 @@ def vllm_scale_buffers(where: str) -> tuple[TensorKind, ...]:
             lambda c: (Transform("fill", 1.0),),
             init="",
             dtype=FLOAT32,
-        )  # fmt: skip
+        )
         for n in ("_k_scale", "_v_scale", "_q_scale", "_prob_scale")
     )
 

@@ -39,6 +39,8 @@ def token_ids(value: Any, source: str, name: str, many: bool = False) -> Any:
         return None
     values = value if many and isinstance(value, list) else [value]
     if any(isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_INT for v in values):
-        raise ConfigError(f"{source}: {name} = {value!r:.40}: must be a token id (a non-negative integer)"
-                          + (" or a list of them" if many else ""))  # fmt: skip
+        raise ConfigError(
+            f"{source}: {name} = {value!r:.40}: must be a token id (a non-negative integer)"
+            + (" or a list of them" if many else "")
+        )
     return value

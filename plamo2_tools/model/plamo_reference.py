@@ -19,12 +19,18 @@ Tensor = torch.Tensor
 DecoderLayer = Callable[[Tensor, dict[str, Tensor], int], Tensor]
 
 
-def layer_weights(ckpt: Any, layer: int, dtype: torch.dtype, device: torch.device | str = "cpu",
-                  prefix: str = "model.layers.layers.{}.") -> dict[str, Tensor]:  # fmt: skip
+def layer_weights(
+    ckpt: Any,
+    layer: int,
+    dtype: torch.dtype,
+    device: torch.device | str = "cpu",
+    prefix: str = "model.layers.layers.{}.",
+) -> dict[str, Tensor]:
     """One layer's tensors of the checkpoint, names relative to the layer, in `dtype` on `device`."""
     start = prefix.format(layer)
-    return {n.removeprefix(start): ckpt.get(n).to(device=device, dtype=dtype) for n in ckpt.tensors
-            if n.startswith(start)}  # fmt: skip
+    return {
+        n.removeprefix(start): ckpt.get(n).to(device=device, dtype=dtype) for n in ckpt.tensors if n.startswith(start)
+    }
 
 
 @torch.no_grad()

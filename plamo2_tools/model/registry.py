@@ -115,8 +115,12 @@ def valid_layouts(cfg: Any, max_ranks: int = 8, tps: tuple[int, ...] = (1, 2, 4,
     """Every (tp, pp) with tp in `tps` and at most `max_ranks` ranks that the family can split."""
     family = family_of(cfg)
     L = cfg.num_hidden_layers
-    return [(tp, pp) for tp in tps for pp in range(1, L + 1)
-            if tp * pp <= max_ranks and not family.tp_problems(cfg, tp) and not layout.pp_problems(L, pp)]  # fmt: skip
+    return [
+        (tp, pp)
+        for tp in tps
+        for pp in range(1, L + 1)
+        if tp * pp <= max_ranks and not family.tp_problems(cfg, tp) and not layout.pp_problems(L, pp)
+    ]
 
 
 # ---- synth presets of every family ---------------------------------------------------------------

@@ -91,7 +91,7 @@ SECTIONS: list[tuple[tuple[str, ...], str, Renderer]] = [
         (EXPORT_MLX, EXPORT_FP8, EXPORT_GGUF, BENCH_EXPORT_MLX, BENCH_EXPORT_FP8, BENCH_EXPORT_GGUF),
         "Exports",
         exports.render,
-    ),  # fmt: skip
+    ),
     ((CONVERT, CHECK, INSPECT), "Tool output", tools.render),
 ]
 
@@ -180,8 +180,11 @@ def _head(title: str, docs: list[Doc], ctx: Context, timestamp: bool, now: datet
     if timestamp:
         when = (now or datetime.now(timezone.utc)).strftime("%Y-%m-%d %H:%M:%S UTC")
         lines += [f"_Generated {when} by plamo2-tools {__version__}._", ""]
-    rows = [[name, str(sum(d.kind in kinds for d in docs))] for kinds, name, _ in SECTIONS
-            if any(d.kind in kinds for d in docs)]  # fmt: skip
+    rows = [
+        [name, str(sum(d.kind in kinds for d in docs))]
+        for kinds, name, _ in SECTIONS
+        if any(d.kind in kinds for d in docs)
+    ]
     lines += table(["Section", "Files"], rows, right=(1,)) + [""]
     if ctx.warnings:
         lines += ["**Warnings**", ""] + [f"- {w}" for w in ctx.warnings] + [""]

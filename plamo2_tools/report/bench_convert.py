@@ -15,8 +15,17 @@ from .markdown import code, nbytes, pretty, ratio, seconds, table
 from .plots import PALETTE, figure
 
 HEADERS = ["Layout", "convert", "÷ cp -r", "÷ cp -r + sync", "peak RSS", "targets met"]
-DETAIL_HEADERS = ["Layout", "options", "inside", "start-up", "CPU user + sys", "kernel copy", "user copy",
-                  "gather", "compute"]  # fmt: skip
+DETAIL_HEADERS = [
+    "Layout",
+    "options",
+    "inside",
+    "start-up",
+    "CPU user + sys",
+    "kernel copy",
+    "user copy",
+    "gather",
+    "compute",
+]
 
 
 def render(docs: list[Doc], ctx: Context) -> list[str]:
@@ -39,21 +48,33 @@ def file_section(doc: Doc, ctx: Context) -> list[str]:
         f"{machine.get('cpus', '?')} CPUs; page cache {d.get('options', {}).get('cache', '?')}; "
         f"`cp -r` {seconds(base.get('cp_s'))}, `cp -r` + `sync` {seconds(base.get('cp_sync_s'))}; "
         f"sha256 {pretty('gbps', machine.get('sha256_single_thread_GBps'))} GB/s per thread"
-        + (f", xxh3-128 {pretty('gbps', machine['xxh3_128_single_thread_GBps'])} GB/s"
-           if "xxh3_128_single_thread_GBps" in machine else "")
-        + (f"; load {machine['loadavg_before'][0]:.1f} before, {machine['loadavg_after'][0]:.1f} after"
-           if machine.get("loadavg_before") and machine.get("loadavg_after") else "")
+        + (
+            f", xxh3-128 {pretty('gbps', machine['xxh3_128_single_thread_GBps'])} GB/s"
+            if "xxh3_128_single_thread_GBps" in machine
+            else ""
+        )
+        + (
+            f"; load {machine['loadavg_before'][0]:.1f} before, {machine['loadavg_after'][0]:.1f} after"
+            if machine.get("loadavg_before") and machine.get("loadavg_after")
+            else ""
+        )
         + ".",
         "",
-    ]  # fmt: skip
+    ]
     rows = []
     for r in d["results"]:
         met = r.get("targets", {})
         missed = [k for k, v in met.items() if not v]
-        rows.append([
-            _layout(r), seconds(r.get("wall_s")), ratio(r.get("ratio_vs_cp")), ratio(r.get("ratio_vs_cp_sync")),
-            nbytes(r.get("peak_rss_bytes")), "no: " + ", ".join(missed) if missed else "yes",
-        ])  # fmt: skip
+        rows.append(
+            [
+                _layout(r),
+                seconds(r.get("wall_s")),
+                ratio(r.get("ratio_vs_cp")),
+                ratio(r.get("ratio_vs_cp_sync")),
+                nbytes(r.get("peak_rss_bytes")),
+                "no: " + ", ".join(missed) if missed else "yes",
+            ]
+        )
     lines += table(HEADERS, rows, right=(1, 2, 3, 4))
     lines += _details(d)
     lines += [
@@ -75,21 +96,34 @@ def _details(d: dict[str, Any]) -> list[str]:
         rows = []
         for r in results:
             made = r["copy"].get("bytes", {})
-            rows.append([
-                f"TP{r.get('tp')}×PP{r.get('pp')}", code(r["options"]) if r.get("options") else "",
-                seconds(r["convert_seconds"]),
-                seconds(r["wall_s"] - r["convert_seconds"]), f"{seconds(r.get('user_s'))} + {seconds(r.get('sys_s'))}",
-                nbytes(made.get("copy_file_range", 0) + made.get("sendfile", 0)), nbytes(made.get("user")),
-                nbytes(made.get("gather")), nbytes(made.get("compute")),
-            ])  # fmt: skip
-        lines += ["", "Where the time goes (medians; *inside* is the conversion, *start-up* the Python and PyTorch "
-                  "imports before it):", ""]  # fmt: skip
+            rows.append(
+                [
+                    f"TP{r.get('tp')}×PP{r.get('pp')}",
+                    code(r["options"]) if r.get("options") else "",
+                    seconds(r["convert_seconds"]),
+                    seconds(r["wall_s"] - r["convert_seconds"]),
+                    f"{seconds(r.get('user_s'))} + {seconds(r.get('sys_s'))}",
+                    nbytes(made.get("copy_file_range", 0) + made.get("sendfile", 0)),
+                    nbytes(made.get("user")),
+                    nbytes(made.get("gather")),
+                    nbytes(made.get("compute")),
+                ]
+            )
+        lines += [
+            "",
+            "Where the time goes (medians; *inside* is the conversion, *start-up* the Python and PyTorch "
+            "imports before it):",
+            "",
+        ]
         lines += table(DETAIL_HEADERS, rows, right=(2, 3, 4, 5, 6, 7, 8))
     blob = d.get("blob_check")
     if blob:
-        lines += ["", f"Hugging Face cache layout, {blob['split']}: {seconds(blob['verify_blobs_s'])} with "
-                  f"`--verify-blobs` (sha256 of every blob against its name), {seconds(blob['no_verify_blobs_s'])} "
-                  "without."]  # fmt: skip
+        lines += [
+            "",
+            f"Hugging Face cache layout, {blob['split']}: {seconds(blob['verify_blobs_s'])} with "
+            f"`--verify-blobs` (sha256 of every blob against its name), {seconds(blob['no_verify_blobs_s'])} "
+            "without.",
+        ]
     return lines
 
 
@@ -107,8 +141,15 @@ def plot(results: list[dict[str, Any]], cp: float | None, cp_sync: float | None,
         bars = ax.bar(xs, walls, 0.5, color=PALETTE[0], label="convert")
         for bar, r in zip(bars, results, strict=True):
             text = f"{r.get('wall_s', 0):.2f} s\n{r.get('ratio_vs_cp', 0):.2f}× cp"
-            ax.annotate(text, (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom",
-                        fontsize=8, xytext=(0, 2), textcoords="offset points")  # fmt: skip
+            ax.annotate(
+                text,
+                (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                ha="center",
+                va="bottom",
+                fontsize=8,
+                xytext=(0, 2),
+                textcoords="offset points",
+            )
         for value, label, style in ((cp, "cp -r", "--"), (cp_sync, "cp -r + sync", ":")):
             if value:
                 ax.axhline(value, color=PALETTE[6], linestyle=style, label=f"{label} ({value:.1f} s)")

@@ -34,10 +34,36 @@ NOTES = ("error", "skipped", "skip", "note", "reason")
 GRAPH = {"ms": "graph_ms_p50", "p20": "graph_ms_p20", "p80": "graph_ms_p80", "gbps": "graph_GBps"}
 # Record fields that are not part of the problem shape.
 NOT_SHAPE = {
-    "kernel", "impl", "section", "t", "mode", "timing", "graph", "cudagraph", "shape", "ok", "peer", "ours",
-    "config", "frac_matmul", "ours_over_peer_time", "what", "seconds", "kind",
-    *MS, *US, *P20, *P80, *GBPS, *FRAC_BW, *TFLOPS, *REL_ERR, *FIRST_CALL, *NOTES, *GRAPH.values(),
-}  # fmt: skip
+    "kernel",
+    "impl",
+    "section",
+    "t",
+    "mode",
+    "timing",
+    "graph",
+    "cudagraph",
+    "shape",
+    "ok",
+    "peer",
+    "ours",
+    "config",
+    "frac_matmul",
+    "ours_over_peer_time",
+    "what",
+    "seconds",
+    "kind",
+    *MS,
+    *US,
+    *P20,
+    *P80,
+    *GBPS,
+    *FRAC_BW,
+    *TFLOPS,
+    *REL_ERR,
+    *FIRST_CALL,
+    *NOTES,
+    *GRAPH.values(),
+}
 LEGEND = (
     "ours / impl: the fastest of our implementations (Triton) over this one, median times; below 1.00× ours is "
     "faster. % BW: share of the measured device copy bandwidth. p20–p80: spread over repetitions. In the plot, "
@@ -104,8 +130,11 @@ def shape_label(record: dict[str, Any]) -> str:
     elif shape is not None:
         text = str(shape)
     else:
-        text = " ".join(f"{k}={_value_text(v)}" for k, v in record.items()
-                        if k not in NOT_SHAPE and k != "dtype" and _is_shape_value(v))  # fmt: skip
+        text = " ".join(
+            f"{k}={_value_text(v)}"
+            for k, v in record.items()
+            if k not in NOT_SHAPE and k != "dtype" and _is_shape_value(v)
+        )
     if isinstance(record.get("dtype"), str):
         text = f"{text} {_value_text(record['dtype'])}".strip()
     return text or MISSING
@@ -128,16 +157,33 @@ def to_measurements(record: dict[str, Any]) -> list[Measurement]:
     if mode is None and isinstance(record.get("graph", record.get("cudagraph")), bool):
         mode = "graph" if record.get("graph", record.get("cudagraph")) else "eager"
     base = Measurement(
-        str(record["kernel"]), "ours" if record.get("ours") is True else str(record["impl"]), shape_label(record),
-        None if mode is None else str(mode), ms, first(record, P20), first(record, P80), first(record, GBPS),
-        first(record, FRAC_BW), first(record, TFLOPS), first(record, REL_ERR), first(record, FIRST_CALL),
+        str(record["kernel"]),
+        "ours" if record.get("ours") is True else str(record["impl"]),
+        shape_label(record),
+        None if mode is None else str(mode),
+        ms,
+        first(record, P20),
+        first(record, P80),
+        first(record, GBPS),
+        first(record, FRAC_BW),
+        first(record, TFLOPS),
+        first(record, REL_ERR),
+        first(record, FIRST_CALL),
         _note(record),
-    )  # fmt: skip
+    )
     if not is_number(record.get(GRAPH["ms"])):
         return [base]
-    graph = replace(base, mode="graph", median_ms=float(record[GRAPH["ms"]]), p20_ms=first(record, (GRAPH["p20"],)),
-                    p80_ms=first(record, (GRAPH["p80"],)), gbps=first(record, (GRAPH["gbps"],)), frac_bw=None,
-                    tflops=None, first_call_s=None)  # fmt: skip
+    graph = replace(
+        base,
+        mode="graph",
+        median_ms=float(record[GRAPH["ms"]]),
+        p20_ms=first(record, (GRAPH["p20"],)),
+        p80_ms=first(record, (GRAPH["p80"],)),
+        gbps=first(record, (GRAPH["gbps"],)),
+        frac_bw=None,
+        tflops=None,
+        first_call_s=None,
+    )
     return [replace(base, mode=base.mode or "eager"), graph]
 
 
@@ -153,9 +199,14 @@ def parse(data: Any) -> tuple[list[Measurement], list[Check], list[dict[str, Any
     skipped = []
     for record in kernel_records(data):
         if is_check(record):
-            c = Check(str(record["kernel"]), str(record["impl"]), _value_text(record.get("dtype", MISSING)),
-                      shape_label({k: v for k, v in record.items() if k != "dtype"}), first(record, REL_ERR),
-                      record.get("ok") if isinstance(record.get("ok"), bool) else None)  # fmt: skip
+            c = Check(
+                str(record["kernel"]),
+                str(record["impl"]),
+                _value_text(record.get("dtype", MISSING)),
+                shape_label({k: v for k, v in record.items() if k != "dtype"}),
+                first(record, REL_ERR),
+                record.get("ok") if isinstance(record.get("ok"), bool) else None,
+            )
             checks[(c.kernel, c.impl, c.dtype + c.shape)] = c
         elif record.get("section") == "skip":
             skipped.append(record)
@@ -249,8 +300,17 @@ def check_table(checks: list[Check]) -> list[str]:
     for (kernel, impl, dtype), cases in sorted(worst.items()):
         top = max(cases, key=lambda c: -1.0 if c.rel_err is None else c.rel_err)
         ok = all(c.ok is not False for c in cases)
-        rows.append([kernel, impl, dtype, str(len(cases)), sci(top.rel_err), top.shape,
-                     "ok" if ok else f"**FAIL** ({sum(c.ok is False for c in cases)})"])  # fmt: skip
+        rows.append(
+            [
+                kernel,
+                impl,
+                dtype,
+                str(len(cases)),
+                sci(top.rel_err),
+                top.shape,
+                "ok" if ok else f"**FAIL** ({sum(c.ok is False for c in cases)})",
+            ]
+        )
     return table(["Kernel", "Impl", "dtype", "Cases", "worst rel err", "worst case", "Result"], rows, right=(3, 4))
 
 
@@ -267,31 +327,52 @@ def _best(group: list[Measurement], ours: bool) -> Measurement | None:
     return min(timed, key=lambda m: (m.median_ms, m.impl)) if timed else None
 
 
-COLUMNS = ("Shape", "Mode", "Impl", "median ms", "p20–p80 ms", "GB/s", "% BW", "TFLOP/s", "rel err", "1st call s",
-           "ours / impl", "Note")  # fmt: skip
+COLUMNS = (
+    "Shape",
+    "Mode",
+    "Impl",
+    "median ms",
+    "p20–p80 ms",
+    "GB/s",
+    "% BW",
+    "TFLOP/s",
+    "rel err",
+    "1st call s",
+    "ours / impl",
+    "Note",
+)
 NUMERIC = {"median ms", "p20–p80 ms", "GB/s", "% BW", "TFLOP/s", "rel err", "1st call s", "ours / impl"}
 
 
 def kernel_table(found: list[Measurement]) -> list[str]:
     present = {
-        "Mode": any(m.mode for m in found), "GB/s": any(m.gbps is not None for m in found),
-        "% BW": any(m.frac_bw is not None for m in found), "TFLOP/s": any(m.tflops is not None for m in found),
+        "Mode": any(m.mode for m in found),
+        "GB/s": any(m.gbps is not None for m in found),
+        "% BW": any(m.frac_bw is not None for m in found),
+        "TFLOP/s": any(m.tflops is not None for m in found),
         "rel err": any(m.rel_err is not None for m in found),
-        "1st call s": any(m.first_call_s is not None for m in found), "Note": any(m.note for m in found),
-    }  # fmt: skip
+        "1st call s": any(m.first_call_s is not None for m in found),
+        "Note": any(m.note for m in found),
+    }
     headers = [h for h in COLUMNS if present.get(h, True)]
     rows = []
     for group in _groups(found).values():
         best = _best(group, ours=True)
         for m in group:
             cells = {
-                "Shape": m.shape, "Mode": m.mode or "", "Impl": f"**{m.impl}**" if m.ours else m.impl,
-                "median ms": num(m.median_ms, ".4g"), "p20–p80 ms": _spread(m), "GB/s": num(m.gbps, ".4g"),
-                "% BW": num(None if m.frac_bw is None else 100 * m.frac_bw, ".0f"), "TFLOP/s": num(m.tflops, ".4g"),
-                "rel err": sci(m.rel_err), "1st call s": num(m.first_call_s, ".3g"),
+                "Shape": m.shape,
+                "Mode": m.mode or "",
+                "Impl": f"**{m.impl}**" if m.ours else m.impl,
+                "median ms": num(m.median_ms, ".4g"),
+                "p20–p80 ms": _spread(m),
+                "GB/s": num(m.gbps, ".4g"),
+                "% BW": num(None if m.frac_bw is None else 100 * m.frac_bw, ".0f"),
+                "TFLOP/s": num(m.tflops, ".4g"),
+                "rel err": sci(m.rel_err),
+                "1st call s": num(m.first_call_s, ".3g"),
                 "ours / impl": _ratio(best, m),
                 "Note": m.note or "",
-            }  # fmt: skip
+            }
             rows.append([cells[h] for h in headers])
     return table(headers, rows, right=tuple(i for i, h in enumerate(headers) if h in NUMERIC))
 
@@ -373,6 +454,10 @@ def _label(ax: Any, bar: Any, r: Speedup, dense: bool) -> None:
     ax.annotate(
         f"{r.value:.2f}×" if dense else f"{r.value:.2f}× {r.peer}",
         (bar.get_x() + bar.get_width() / 2, r.value),
-        ha="center", va="bottom" if up else "top", fontsize=6 if dense else 7, rotation=90 if dense else 0,
-        xytext=(0, 2 if up else -2), textcoords="offset points",
-    )  # fmt: skip
+        ha="center",
+        va="bottom" if up else "top",
+        fontsize=6 if dense else 7,
+        rotation=90 if dense else 0,
+        xytext=(0, 2 if up else -2),
+        textcoords="offset points",
+    )

@@ -16,8 +16,18 @@ from .markdown import MISSING, code, is_number, table
 
 TARGET_RATIO = 0.9  # issue 20 / 32: the server keeps >= 90% of in-process throughput at 64 and 256 clients
 TARGET_CLIENTS = (64, 256)
-STAGES = ("parsed", "tokenized", "admitted", "submitted", "taken", "scheduled", "prefilled", "drained", "delivered",
-          "written")  # fmt: skip
+STAGES = (
+    "parsed",
+    "tokenized",
+    "admitted",
+    "submitted",
+    "taken",
+    "scheduled",
+    "prefilled",
+    "drained",
+    "delivered",
+    "written",
+)
 
 
 def _num(v: Any, fmt: str) -> str:
@@ -55,12 +65,22 @@ def _rows(runs: list[Any], variants: bool) -> list[list[Any]]:
         note = "" if r.get("complete", True) else " (cut)"
         share = (f"{ratio:.0%}" if is_number(ratio) else MISSING) + verdict
         gap = r.get("gap_vs_step")
-        rows.append([
-            *head, f"{_level(r)}{note}", _num(r.get("tokens_per_s"), ",.1f"), _num(ip.get("tokens_per_s"), ",.1f"),
-            share, _ms(r.get("ttft_p50_s")), _ms(r.get("ttft_p99_s")),
-            f"{_ms(r.get('ttft_steady_p50_s'))} / {_ms(r.get('ttft_steady_p99_s'))}",
-            _ms(r.get("tpot_p50_s")), _ms(ip.get("step_s")), _num(gap, ".2f"), _num(r.get("cpu_ms_per_token"), ".2f"),
-        ])  # fmt: skip
+        rows.append(
+            [
+                *head,
+                f"{_level(r)}{note}",
+                _num(r.get("tokens_per_s"), ",.1f"),
+                _num(ip.get("tokens_per_s"), ",.1f"),
+                share,
+                _ms(r.get("ttft_p50_s")),
+                _ms(r.get("ttft_p99_s")),
+                f"{_ms(r.get('ttft_steady_p50_s'))} / {_ms(r.get('ttft_steady_p99_s'))}",
+                _ms(r.get("tpot_p50_s")),
+                _ms(ip.get("step_s")),
+                _num(gap, ".2f"),
+                _num(r.get("cpu_ms_per_token"), ".2f"),
+            ]
+        )
     return rows
 
 
@@ -77,8 +97,12 @@ def _stages(runs: list[Any], variants: bool) -> list[str]:
         return []
     head = ["variant"] if variants else []
     right = tuple(range(len(head) + 1, len(rows[0])))
-    return ["", "Where the first token's time went (p50 ms per stage, serve/trace.py):", "",
-            *table([*head, "level", *STAGES, "total"], rows, right=right)]  # fmt: skip
+    return [
+        "",
+        "Where the first token's time went (p50 ms per stage, serve/trace.py):",
+        "",
+        *table([*head, "level", *STAGES, "total"], rows, right=right),
+    ]
 
 
 def _targets(targets: Any) -> list[str]:
@@ -90,8 +114,16 @@ def _targets(targets: Any) -> list[str]:
             continue
         value = t.get("value")
         shown = _ms(value) + " ms" if str(t.get("check", "")).endswith("_s") else _num(value, ".2f")
-        rows.append([t.get("check", "?"), t.get("variant", "?"), t.get("clients", "?"), shown, t.get("limit", "?"),
-                     "✅" if t.get("ok") else "❌"])  # fmt: skip
+        rows.append(
+            [
+                t.get("check", "?"),
+                t.get("variant", "?"),
+                t.get("clients", "?"),
+                shown,
+                t.get("limit", "?"),
+                "✅" if t.get("ok") else "❌",
+            ]
+        )
     return ["", *table(["target", "variant", "clients", "value", "limit", "met"], rows, right=(2, 3))]
 
 
@@ -114,15 +146,29 @@ def render(docs: list[Doc], ctx: Context) -> list[str]:
         lines += [f"### {code(doc.name)}", "", *run_line(doc), "; ".join(head), ""]
         runs = d.get("runs", []) if isinstance(d.get("runs"), list) else []
         variants = len(servers) > 1
-        cols = ["clients / rate", "server tok/s", "in-process tok/s", "server / in-process", "TTFT p50 ms",
-                "TTFT p99 ms", "steady TTFT p50 / p99 ms", "gap p50 ms", "in-process step ms", "gap / step",
-                "server CPU ms/token"]  # fmt: skip
+        cols = [
+            "clients / rate",
+            "server tok/s",
+            "in-process tok/s",
+            "server / in-process",
+            "TTFT p50 ms",
+            "TTFT p99 ms",
+            "steady TTFT p50 / p99 ms",
+            "gap p50 ms",
+            "in-process step ms",
+            "gap / step",
+            "server CPU ms/token",
+        ]
         head_cols = ["variant", *cols] if variants else cols
         first = 1 if variants else 0
         lines += table(head_cols, _rows(runs, variants), right=tuple(range(first, len(head_cols))))
         lines += _stages(runs, variants)
         lines += _targets(d.get("targets"))
-        lines += ["", f"Target: server ≥ {TARGET_RATIO:.0%} of in-process tokens/s at "
-                      f"{' and '.join(map(str, TARGET_CLIENTS))} clients; steady TTFT p50 ≤ 100 ms, p99 ≤ 300 ms at "
-                      "64 clients; gap p50 ≤ 1.2 × the in-process step.", ""]  # fmt: skip
+        lines += [
+            "",
+            f"Target: server ≥ {TARGET_RATIO:.0%} of in-process tokens/s at "
+            f"{' and '.join(map(str, TARGET_CLIENTS))} clients; steady TTFT p50 ≤ 100 ms, p99 ≤ 300 ms at "
+            "64 clients; gap p50 ≤ 1.2 × the in-process step.",
+            "",
+        ]
     return lines

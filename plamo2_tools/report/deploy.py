@@ -13,8 +13,21 @@ from .markdown import MISSING, code, is_number, num, sci
 from .markdown import table as md_table
 from .plots import FAIL_COLOR, PALETTE, figure, log_floor
 
-HEADERS = ["Target", "Kind", "Precision", "KL over", "Mode", "Convention", "mean KL", "max KL", "top-1",
-           "max |Δlog p|", "greedy match", "First divergence", "Result"]  # fmt: skip
+HEADERS = [
+    "Target",
+    "Kind",
+    "Precision",
+    "KL over",
+    "Mode",
+    "Convention",
+    "mean KL",
+    "max KL",
+    "top-1",
+    "max |Δlog p|",
+    "greedy match",
+    "First divergence",
+    "Result",
+]
 
 
 def file_section(doc: Doc, ctx: Context) -> list[str]:
@@ -36,8 +49,10 @@ def file_section(doc: Doc, ctx: Context) -> list[str]:
         if parity.get("checked") is False:
             notes.append(f"- {name}: tokenizer not checked ({parity.get('why', MISSING)})")
         elif parity.get("checked"):
-            notes.append(f"- {name}: tokenizer {'identical' if parity.get('equal') else '**differs**'} "
-                         f"({num(parity.get('tokens'))} tokens of the parity text)")  # fmt: skip
+            notes.append(
+                f"- {name}: tokenizer {'identical' if parity.get('equal') else '**differs**'} "
+                f"({num(parity.get('tokens'))} tokens of the parity text)"
+            )
         info = t.get("info") if isinstance(t.get("info"), dict) else {}
         for d in info.get("known_differences") or []:
             text = d.get("text", d) if isinstance(d, dict) else d
@@ -97,18 +112,35 @@ def _row(t: dict[str, Any], label: str, r: dict[str, Any]) -> list[str]:
     greedy = r.get("greedy") if isinstance(r.get("greedy"), dict) else {}
     first = r.get("first_divergence") if isinstance(r.get("first_divergence"), dict) else None
     matches, steps = greedy.get("match_tokens"), greedy.get("steps")
-    match = (f"{sum(matches)}/{sum(steps)}" if isinstance(matches, list) and isinstance(steps, list)
-             and all(is_number(x) for x in matches + steps) else MISSING)  # fmt: skip
+    match = (
+        f"{sum(matches)}/{sum(steps)}"
+        if isinstance(matches, list) and isinstance(steps, list) and all(is_number(x) for x in matches + steps)
+        else MISSING
+    )
     where = MISSING
     if first:
-        where = (f"prompt {first.get('prompt')}, pos {first.get('position')} ({first.get('phase')}): "
-                 f"{first.get('reference_token')} {first.get('reference_text')!r} → "
-                 f"{first.get('target_token')} {first.get('target_text')!r}")  # fmt: skip
+        where = (
+            f"prompt {first.get('prompt')}, pos {first.get('position')} ({first.get('phase')}): "
+            f"{first.get('reference_token')} {first.get('reference_text')!r} → "
+            f"{first.get('target_token')} {first.get('target_text')!r}"
+        )
     kl = str(t.get("kl_kind", MISSING)) + (f" (K={t['top_k']})" if is_number(t.get("top_k")) and t["top_k"] else "")
     result = "pass" if r.get("passed") else ("not followed" if t.get("passed") else "**FAIL**")
-    return [code(t.get("location", MISSING)), num(t.get("kind")), num(t.get("precision")), kl, num(t.get("mode")),
-            label, sci(main.get("mean_kl")), sci(main.get("max_kl")), num(main.get("top1_agreement"), ".3f"),
-            sci(main.get("max_abs_logprob_diff")), match, where, result]  # fmt: skip
+    return [
+        code(t.get("location", MISSING)),
+        num(t.get("kind")),
+        num(t.get("precision")),
+        kl,
+        num(t.get("mode")),
+        label,
+        sci(main.get("mean_kl")),
+        sci(main.get("max_kl")),
+        num(main.get("top1_agreement"), ".3f"),
+        sci(main.get("max_abs_logprob_diff")),
+        match,
+        where,
+        result,
+    ]
 
 
 def plot(series: list[dict[str, Any]], judged: dict[str, Any], path: Any, title: str) -> None:
@@ -131,17 +163,28 @@ def plot(series: list[dict[str, Any]], judged: dict[str, Any], path: Any, title:
             if len(lp) == len(pos):
                 ax_lp.plot(pos, lp, style, color=color, linewidth=1)
         if is_number(thresholds.get("kl_position")):
-            ax_kl.axhline(thresholds["kl_position"], color=FAIL_COLOR, linestyle="--", linewidth=1,
-                          label=f"per-position bound {thresholds['kl_position']:g}")  # fmt: skip
+            ax_kl.axhline(
+                thresholds["kl_position"],
+                color=FAIL_COLOR,
+                linestyle="--",
+                linewidth=1,
+                label=f"per-position bound {thresholds['kl_position']:g}",
+            )
         if is_number(thresholds.get("logprob_diff")):
             for sign in (1, -1):
                 ax_lp.axhline(sign * thresholds["logprob_diff"], color=FAIL_COLOR, linestyle="--", linewidth=1)
         if first and is_number(first.get("position")):
             for ax in (ax_kl, ax_lp):
                 ax.axvline(first["position"], color=FAIL_COLOR, linewidth=1.5, alpha=0.6)
-            ax_kl.annotate(f"first divergence: prompt {first.get('prompt')}, position {first['position']}",
-                           (first["position"], 0.02), xycoords=("data", "axes fraction"), xytext=(4, 0),
-                           textcoords="offset points", fontsize=8, color=FAIL_COLOR)  # fmt: skip
+            ax_kl.annotate(
+                f"first divergence: prompt {first.get('prompt')}, position {first['position']}",
+                (first["position"], 0.02),
+                xycoords=("data", "axes fraction"),
+                xytext=(4, 0),
+                textcoords="offset points",
+                fontsize=8,
+                color=FAIL_COLOR,
+            )
         ax_kl.set_yscale("log")
         ax_kl.set_ylabel("KL(ref ‖ target)")
         ax_kl.set_title(f"Per position: {title}")

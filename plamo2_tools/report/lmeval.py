@@ -186,8 +186,10 @@ def run_section(run: Run, ctx: Context) -> list[str]:
     for task, _ in task_order(run.data):
         effective, original = samples(run.data, task)
         if run.limit is not None or (is_number(effective) and is_number(original) and effective < original):
-            text = (f"Run {run.index} ({run.layout}, {code(run.doc.name)}) used --limit: {task} was scored on "
-                    f"{num(effective)} of {num(original)} problems; not comparable to the reference.")  # fmt: skip
+            text = (
+                f"Run {run.index} ({run.layout}, {code(run.doc.name)}) used --limit: {task} was scored on "
+                f"{num(effective)} of {num(original)} problems; not comparable to the reference."
+            )
             ctx.warn(text)
             lines += [f"> **Warning:** {text}", ""]
     return lines
@@ -215,10 +217,13 @@ def comparison(runs: list[Run]) -> list[str]:
     lines = ["### Comparison across runs", ""]
     lines += table(headers, rows, right=tuple(range(4, len(headers))))
     if any(c[0] == "ref" for c in columns):
-        lines += ["", "**Reference** columns are the published vLLM results for pfnet/plamo-2-1b "
-                  f"(lm-eval {REFERENCE_TASK} {REFERENCE_SHOTS}-shot, {REFERENCE_METRIC}, all {REFERENCE_DOCS:,} test "
-                  "problems). They are not measured by this report; a run only compares with them when it "
-                  "evaluated the same model on the full test set without --limit."]  # fmt: skip
+        lines += [
+            "",
+            "**Reference** columns are the published vLLM results for pfnet/plamo-2-1b "
+            f"(lm-eval {REFERENCE_TASK} {REFERENCE_SHOTS}-shot, {REFERENCE_METRIC}, all {REFERENCE_DOCS:,} test "
+            "problems). They are not measured by this report; a run only compares with them when it "
+            "evaluated the same model on the full test set without --limit.",
+        ]
     hashes = {_hash_cell(("run", r), t) for r in runs for t in tasks if t in r.data["results"]}
     if len(runs) > 1 and len(hashes - {MISSING}) == 1:
         lines += ["", "All runs saw identical prompts (equal task_hashes)."]

@@ -10,8 +10,11 @@ from .markdown import MISSING, code, is_number, nbytes, num, seconds, table
 
 def render(docs: list[Doc], ctx: Context) -> list[str]:
     lines = ["## Tool output (convert / check / inspect)", ""]
-    for kind, title, make in ((CONVERT, "convert", convert_table), (CHECK, "check", check_table),
-                              (INSPECT, "inspect", inspect_table)):  # fmt: skip
+    for kind, title, make in (
+        (CONVERT, "convert", convert_table),
+        (CHECK, "check", check_table),
+        (INSPECT, "inspect", inspect_table),
+    ):
         chosen = [d for d in docs if d.kind == kind]
         if chosen:
             lines += [f"### {title}", "", *make(chosen, ctx), ""]
@@ -25,9 +28,20 @@ def convert_table(docs: list[Doc], ctx: Context) -> list[str]:
         secs, written = d.get("seconds"), d.get("bytes_written")
         rate = f"{written / secs / 1e9:.2f}" if is_number(secs) and is_number(written) and secs > 0 else MISSING
         ranks = d.get("ranks") if isinstance(d.get("ranks"), list) else []
-        rows.append([code(doc.name), code(d["out"]) if d.get("out") else MISSING, f"TP{num(d['tp'])}×PP{num(d['pp'])}",
-                     num(d.get("status")), seconds(secs), nbytes(written), nbytes(d.get("bytes_total")), rate,
-                     str(len(ranks)), str(len(d.get("files_reused") or []))])  # fmt: skip
+        rows.append(
+            [
+                code(doc.name),
+                code(d["out"]) if d.get("out") else MISSING,
+                f"TP{num(d['tp'])}×PP{num(d['pp'])}",
+                num(d.get("status")),
+                seconds(secs),
+                nbytes(written),
+                nbytes(d.get("bytes_total")),
+                rate,
+                str(len(ranks)),
+                str(len(d.get("files_reused") or [])),
+            ]
+        )
     headers = ["File", "Out", "Layout", "Status", "Time", "Written", "Total", "GB/s", "Ranks", "Files reused"]
     return table(headers, rows, right=(4, 5, 6, 7, 8, 9))
 
@@ -38,8 +52,15 @@ def check_table(docs: list[Doc], ctx: Context) -> list[str]:
         d = doc.data
         problems = {name: found for name, found in d["checks"].items() if found}
         detail = "; ".join(f"{name}: {len(v) if isinstance(v, list) else v}" for name, v in problems.items())
-        rows.append([code(doc.name), code(d["path"]), "ok" if d["ok"] else "**FAILED**",
-                     str(len(d["checks"])), detail or "none"])  # fmt: skip
+        rows.append(
+            [
+                code(doc.name),
+                code(d["path"]),
+                "ok" if d["ok"] else "**FAILED**",
+                str(len(d["checks"])),
+                detail or "none",
+            ]
+        )
         if not d["ok"]:
             ctx.warn(f"check {code(d['path'])} found problems in: {', '.join(problems) or 'unknown'}")
     return table(["File", "Shards", "Result", "Checks", "Problems"], rows, right=(3,))
@@ -56,6 +77,15 @@ def inspect_table(docs: list[Doc], ctx: Context) -> list[str]:
         params = d.get("parameters")
         size = sum(v for v in (d.get("bytes_by_dtype") or {}).values() if is_number(v))
         dtypes = ", ".join(sorted(d.get("bytes_by_dtype") or {}))
-        rows.append([code(doc.name), code(d["path"]), layout, model, f"{params:,}" if is_number(params) else MISSING,
-                     num(d.get("tensors")), f"{nbytes(size)} ({dtypes})" if dtypes else MISSING])  # fmt: skip
+        rows.append(
+            [
+                code(doc.name),
+                code(d["path"]),
+                layout,
+                model,
+                f"{params:,}" if is_number(params) else MISSING,
+                num(d.get("tensors")),
+                f"{nbytes(size)} ({dtypes})" if dtypes else MISSING,
+            ]
+        )
     return table(["File", "Path", "Layout", "Model", "Parameters", "Tensors", "Bytes"], rows, right=(4, 5, 6))

@@ -15,9 +15,21 @@ from .plots import FAIL_COLOR, PASS_COLOR, figure, log_floor
 
 HIGHER_IS_BETTER = ("greedy_match_fraction", "top1_agreement")  # as verify.judge reads thresholds
 HEADERS = [
-    "Layout", "Shards", "dtype", "Ranks", "Launch", "Backend", "max |Δlogit|", "max rel err", "mean KL",
-    "top-1", "greedy match", "logprobs close", "Thresholds", "Result",
-]  # fmt: skip
+    "Layout",
+    "Shards",
+    "dtype",
+    "Ranks",
+    "Launch",
+    "Backend",
+    "max |Δlogit|",
+    "max rel err",
+    "mean KL",
+    "top-1",
+    "greedy match",
+    "logprobs close",
+    "Thresholds",
+    "Result",
+]
 
 
 def render(docs: list[Doc], ctx: Context) -> list[str]:
@@ -42,8 +54,7 @@ def file_section(doc: Doc, ctx: Context) -> list[str]:
     failures = [(layout_name(x), f) for x in layouts for f in x.get("failures") or []]
     if failures:
         lines += ["", "Failures:", ""] + [f"- {name} {' '.join(str(x).splitlines())}" for name, x in failures]
-        ctx.warn(f"verify {code(doc.name)}: {len(failures)} failure(s) in "
-                 f"{len({n for n, _ in failures})} layout(s)")  # fmt: skip
+        ctx.warn(f"verify {code(doc.name)}: {len(failures)} failure(s) in {len({n for n, _ in failures})} layout(s)")
     if layouts:
         path = ctx.plot_path("logit-error")
         plot(layouts, path, doc.name)
@@ -59,8 +70,11 @@ def _facts(data: dict[str, Any]) -> list[str]:
         facts.append(f"reference {code(ref.get('path', MISSING))} ({ref.get('precision', MISSING)})")
     if prompts:
         lengths = prompts.get("lengths") or []
-        detail = ", ".join(p for p in (f"lengths {', '.join(map(str, lengths))}" if lengths else "",
-                                       str(prompts.get("source") or "")) if p)  # fmt: skip
+        detail = ", ".join(
+            p
+            for p in (f"lengths {', '.join(map(str, lengths))}" if lengths else "", str(prompts.get("source") or ""))
+            if p
+        )
         facts.append(f"{num(prompts.get('count'))} prompt(s)" + (f" ({detail})" if detail else ""))
     if data.get("max_new_tokens") is not None:
         facts.append(f"max_new_tokens {data['max_new_tokens']}")
@@ -77,11 +91,21 @@ def _row(layout: dict[str, Any], data: dict[str, Any]) -> list[str]:
     )
     passed = layout.get("passed")
     return [
-        layout_name(layout), code(layout["shards"]) if layout.get("shards") else MISSING, num(layout.get("dtype")),
-        num(layout.get("world_size")), launch, backend, sci(m.get("max_abs_logit_diff")), sci(m.get("max_rel_err")),
-        sci(m.get("mean_kl")), num(m.get("top1_agreement")), _greedy(m, data), yes_no(m.get("logprobs_close")),
-        limits or MISSING, {True: "pass", False: "**FAIL**"}.get(passed, MISSING),
-    ]  # fmt: skip
+        layout_name(layout),
+        code(layout["shards"]) if layout.get("shards") else MISSING,
+        num(layout.get("dtype")),
+        num(layout.get("world_size")),
+        launch,
+        backend,
+        sci(m.get("max_abs_logit_diff")),
+        sci(m.get("max_rel_err")),
+        sci(m.get("mean_kl")),
+        num(m.get("top1_agreement")),
+        _greedy(m, data),
+        yes_no(m.get("logprobs_close")),
+        limits or MISSING,
+        {True: "pass", False: "**FAIL**"}.get(passed, MISSING),
+    ]
 
 
 def _greedy(metrics: dict[str, Any], data: dict[str, Any]) -> str:
@@ -108,8 +132,15 @@ def plot(layouts: list[dict[str, Any]], path: Any, title: str) -> None:
         ax.bar(xs, heights, color=colors, width=0.6)
         ax.set_yscale("log")
         for x, v, h in zip(xs, values, heights, strict=True):
-            ax.annotate(sci(v) if v is not None else "n/a", (x, h), ha="center", va="bottom", fontsize=8,
-                        xytext=(0, 2), textcoords="offset points")  # fmt: skip
+            ax.annotate(
+                sci(v) if v is not None else "n/a",
+                (x, h),
+                ha="center",
+                va="bottom",
+                fontsize=8,
+                xytext=(0, 2),
+                textcoords="offset points",
+            )
         _threshold_lines(ax, xs, limits)
         ax.set_xticks(xs, labels)
         ax.set_ylabel("max relative error (log)")

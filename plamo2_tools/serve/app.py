@@ -59,9 +59,16 @@ def create_app(engine: Engine, config: ServerConfig | None = None) -> FastAPI:
     )
     template = ChatTemplate(info.chat_template, info) if info.chat_template else None
     state = ServerState(
-        engine, info, names, admission, metrics, TokenizerThread(engine), template, config.retry_after_s,
+        engine,
+        info,
+        names,
+        admission,
+        metrics,
+        TokenizerThread(engine),
+        template,
+        config.retry_after_s,
         tracer=tracer_from_env(),
-    )  # fmt: skip
+    )
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -62,8 +62,13 @@ from .service import follow
 SEED_MASK = 2**63 - 1
 FORMAT, VERSION = "plamo2-batch-results", 1
 # How a header's settings are named on the command line (a refused resume names what differs).
-SETTING_OPTIONS = {"max_tokens": "--max-new-tokens", "temperature": "--temperature", "top_p": "--top-p",
-                   "seed": "--seed", "options": "runtime options"}  # fmt: skip
+SETTING_OPTIONS = {
+    "max_tokens": "--max-new-tokens",
+    "temperature": "--temperature",
+    "top_p": "--top-p",
+    "seed": "--seed",
+    "options": "runtime options",
+}
 
 
 @dataclass
@@ -166,8 +171,13 @@ def tokenize_lines(lines: list[Line], tokenizer: Any, info: ModelInfo, positions
                     raise ApiError(400, f"prompt {k} is empty")
                 ids = list(tokenizer(p)["input_ids"]) if isinstance(p, str) else list(p)
                 check_token_ids(ids, info, f"prompt {k}")
-                prompts.append(Prompt(ids, p if isinstance(p, str) else None,
-                                      resolve_max_tokens(len(ids), line.request.max_tokens, info)))  # fmt: skip
+                prompts.append(
+                    Prompt(
+                        ids,
+                        p if isinstance(p, str) else None,
+                        resolve_max_tokens(len(ids), line.request.max_tokens, info),
+                    )
+                )
             if line.request.logprobs is not None and line.request.logprobs > info.max_logprobs:
                 raise ApiError(400, f"logprobs must be at most {info.max_logprobs}")
             line.prompts = prompts
@@ -191,8 +201,13 @@ def run_header(manifest: Any, defaults: dict[str, Any], options: dict[str, Any] 
     """The first line of a results file: everything besides a line's own text that its answer
     depends on (the model, the command line's defaults for what a line leaves out, runtime options)."""
     d = Defaults(**defaults)
-    settings = {"max_tokens": d.max_tokens, "temperature": float(d.temperature), "top_p": float(d.top_p),
-                "seed": d.seed, "options": dict(sorted((options or {}).items()))}  # fmt: skip
+    settings = {
+        "max_tokens": d.max_tokens,
+        "temperature": float(d.temperature),
+        "top_p": float(d.top_p),
+        "seed": d.seed,
+        "options": dict(sorted((options or {}).items())),
+    }
     return {"format": FORMAT, "version": VERSION, "model": model_digest(manifest), "settings": settings}
 
 
@@ -236,10 +251,13 @@ class ResultsFile:
         self.header = header
         self.header_line = (json.dumps(header, sort_keys=True) + "\n").encode()
         self.out = SingleFileOutput(
-            Path(path), "--output", command, is_results_file,
+            Path(path),
+            "--output",
+            command,
+            is_results_file,
             how_to_proceed="move it away or name another --output; plamo2-tools writes only files that start "
-                           "with its results header",
-        )  # fmt: skip
+            "with its results header",
+        )
         self.path = self.out.path
         self.fd: int | None = None
         try:
@@ -391,12 +409,24 @@ def run_batch(
     # Every line has its record now: the file in line order (re-reading what this run appended).
     records.update({i: r for i, r in results.records().items() if "choices" in r})
     results.rewrite([records[i] for i in sorted(records)])
-    return BatchSummary(len(lines), len(done), len(todo), [(b.number, b.error or "") for b in bad], generated,
-                        time.perf_counter() - start, str(results.path))  # fmt: skip
+    return BatchSummary(
+        len(lines),
+        len(done),
+        len(todo),
+        [(b.number, b.error or "") for b in bad],
+        generated,
+        time.perf_counter() - start,
+        str(results.path),
+    )
 
 
-async def _run(rt: Runtime, options: LoopOptions, todo: list[Line], results: ResultsFile,
-               on_result: Callable[[dict[str, Any]], None] | None) -> int:  # fmt: skip
+async def _run(
+    rt: Runtime,
+    options: LoopOptions,
+    todo: list[Line],
+    results: ResultsFile,
+    on_result: Callable[[dict[str, Any]], None] | None,
+) -> int:
     engine = RuntimeEngine(rt, "batch", options, log_failures=False)
     generated = 0
     try:
@@ -429,11 +459,13 @@ async def _complete(engine: RuntimeEngine, line: Line) -> dict[str, Any]:
     """One line's completion object, as /v1/completions answers it (choices in the same order)."""
     req = line.request
     assert req is not None
-    sampling = Sampling(req.temperature, req.top_p, req.seed, req.stop, req.logprobs,
-                        req.logprobs if req.echo else None, req.ignore_eos)  # fmt: skip
+    sampling = Sampling(
+        req.temperature, req.top_p, req.seed, req.stop, req.logprobs, req.logprobs if req.echo else None, req.ignore_eos
+    )
     requests = fan_out(f"line{line.index}", line.prompts, req.n, sampling)
-    echo = [(p.text if p.text is not None else engine.detokenize(p.token_ids)) if req.echo else None
-            for p in line.prompts]  # fmt: skip
+    echo = [
+        (p.text if p.text is not None else engine.detokenize(p.token_ids)) if req.echo else None for p in line.prompts
+    ]
     # token ids are kept for every choice (prompt_token_ids=[] asks for them; the prompt's are not written)
     states = [CompletionChoiceState(i, echo[i // req.n], req.logprobs is not None, []) for i in range(len(requests))]
 

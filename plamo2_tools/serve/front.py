@@ -162,20 +162,36 @@ class ProcessEngine(LoopEngine):
 
 
 # ---- the process --------------------------------------------------------------------------------------
-def front_config(pipe_fd: int, listen_fd: int, shards: str, trust_remote_code: bool, server: dict[str, Any],
-                 shutdown_timeout: float, log_level: str) -> str:  # fmt: skip
+def front_config(
+    pipe_fd: int,
+    listen_fd: int,
+    shards: str,
+    trust_remote_code: bool,
+    server: dict[str, Any],
+    shutdown_timeout: float,
+    log_level: str,
+) -> str:
     """The JSON this process takes as its argument (no secrets: the API key comes in the environment)."""
-    return json.dumps({"pipe_fd": pipe_fd, "listen_fd": listen_fd, "shards": shards,
-                       "trust_remote_code": trust_remote_code, "server": server,
-                       "shutdown_timeout": shutdown_timeout, "log_level": log_level})  # fmt: skip
+    return json.dumps(
+        {
+            "pipe_fd": pipe_fd,
+            "listen_fd": listen_fd,
+            "shards": shards,
+            "trust_remote_code": trust_remote_code,
+            "server": server,
+            "shutdown_timeout": shutdown_timeout,
+            "log_level": log_level,
+        }
+    )
 
 
 def run(config: dict[str, Any]) -> int:
     from .app import ServerConfig, create_app
     from .server import serve_forever
 
-    logging.basicConfig(level=logging.INFO if config["log_level"] == "info" else logging.WARNING,
-                        format="%(levelname)s: %(message)s")  # fmt: skip
+    logging.basicConfig(
+        level=logging.INFO if config["log_level"] == "info" else logging.WARNING, format="%(levelname)s: %(message)s"
+    )
     pipe = Pipe.from_fd(config["pipe_fd"])
     sock = socket.socket(fileno=config["listen_fd"])
     tokenizer = load_text_tokenizer(config["shards"], config["trust_remote_code"])
@@ -199,8 +215,9 @@ def run(config: dict[str, Any]) -> int:
         where = ", ".join(_url(a) for a in addresses)
         print(banner.format(where=where), file=sys.stderr, flush=True)
 
-    return serve_forever(app, sock=sock, shutdown_timeout=config["shutdown_timeout"], log_level=config["log_level"],
-                         on_started=started)  # fmt: skip
+    return serve_forever(
+        app, sock=sock, shutdown_timeout=config["shutdown_timeout"], log_level=config["log_level"], on_started=started
+    )
 
 
 def _url(address: Any) -> str:

@@ -180,8 +180,9 @@ class Job:
         self.run.lease.release_all()
         trace = self.run.trace
         if trace is not None:
-            trace.finish(id=self.id, prompt_tokens=sum(self.prompt_lengths),
-                         completion_tokens=sum(self.run.completion_tokens))  # fmt: skip
+            trace.finish(
+                id=self.id, prompt_tokens=sum(self.prompt_lengths), completion_tokens=sum(self.run.completion_tokens)
+            )
 
 
 async def respond(
@@ -292,17 +293,27 @@ async def completions(request: Request, state: ServerState) -> Response:
         trace.mark("tokenized")
     echo = [await _echo_text(state, p) if req.echo else None for p in prompts]
     sampling = Sampling(
-        req.temperature, req.top_p, req.seed, req.stop, req.logprobs, req.logprobs if req.echo else None,
+        req.temperature,
+        req.top_p,
+        req.seed,
+        req.stop,
+        req.logprobs,
+        req.logprobs if req.echo else None,
         req.ignore_eos,
-    )  # fmt: skip
+    )
     requests = fan_out(cid := f"cmpl-{uuid.uuid4().hex}", prompts, req.n, sampling)
     job = admit(state, arrival, cid, model, prompts, requests, req.include_usage, trace)
     choices = [
-        CompletionChoiceState(i, echo[i // req.n], req.logprobs is not None,
-                              prompts[i // req.n].token_ids if req.return_token_ids else None,
-                              tokens_as_ids=req.return_tokens_as_token_ids, added_bos=prompts[i // req.n].added_bos)
+        CompletionChoiceState(
+            i,
+            echo[i // req.n],
+            req.logprobs is not None,
+            prompts[i // req.n].token_ids if req.return_token_ids else None,
+            tokens_as_ids=req.return_tokens_as_token_ids,
+            added_bos=prompts[i // req.n].added_bos,
+        )
         for i in range(len(requests))
-    ]  # fmt: skip
+    ]
     sent_prompt_ids: set[int] = set()
 
     def render(i: int, event: TokenEvent) -> str | None:
@@ -316,9 +327,14 @@ async def completions(request: Request, state: ServerState) -> Response:
                 sent_prompt_ids.add(i)
                 prompt_ids = choices[i].prompt_token_ids
         choice = CompletionChoice(
-            index=i, text=text, logprobs=lp, finish_reason=event.finish_reason, stop_reason=event.stop_reason,
-            prompt_token_ids=prompt_ids, token_ids=token_ids,
-        )  # fmt: skip
+            index=i,
+            text=text,
+            logprobs=lp,
+            finish_reason=event.finish_reason,
+            stop_reason=event.stop_reason,
+            prompt_token_ids=prompt_ids,
+            token_ids=token_ids,
+        )
         return sse(_dump(Completion(id=job.id, created=job.created, model=model, choices=[choice])))
 
     async def body() -> Completion:
@@ -369,8 +385,7 @@ async def chat_completions(request: Request, state: ServerState) -> Response:
         trace.mark("tokenized")
     prompt = Prompt(ids, None, resolve_max_tokens(len(ids), req.max_new_tokens, state.info, param))
     stop = tuple(dict.fromkeys((*req.stop, *state.info.chat_stop)))  # the answer ends with the model's turn
-    sampling = Sampling(req.temperature, req.top_p, req.seed, stop, top if req.logprobs else None, None,
-                        req.ignore_eos)  # fmt: skip
+    sampling = Sampling(req.temperature, req.top_p, req.seed, stop, top if req.logprobs else None, None, req.ignore_eos)
     requests = fan_out(cid := f"chatcmpl-{uuid.uuid4().hex}", [prompt], req.n, sampling)
     job = admit(state, arrival, cid, model, [prompt], requests, req.include_usage, trace)
     choices = [ChatChoiceState(i, req.logprobs) for i in range(len(requests))]

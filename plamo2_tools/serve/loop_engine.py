@@ -77,8 +77,7 @@ def merged(event: Any, queue: asyncio.Queue[Any]) -> Any:
     instead of a backlog of small ones, and the work per token shrinks as the load grows."""
     while not event.finished and event.error is None and not queue.empty():
         nxt = queue.get_nowait()
-        event = dataclasses.replace(nxt, token_ids=event.token_ids + nxt.token_ids,
-                                    stamps=event.stamps or nxt.stamps)  # fmt: skip
+        event = dataclasses.replace(nxt, token_ids=event.token_ids + nxt.token_ids, stamps=event.stamps or nxt.stamps)
     return event
 
 
@@ -205,18 +204,27 @@ class LoopEngine:
                     stamps = {**event.stamps, "submitted": submitted}
                 if event.finished:
                     logprobs, prompt = await self._scores(request, text.tokens) if scored else (None, None)
-                    yield TokenEvent(event.token_ids, delta, logprobs, prompt, event.finish_reason,  # type: ignore[arg-type]
-                                     event.stop_reason, stamps)  # fmt: skip
+                    yield TokenEvent(
+                        event.token_ids,
+                        delta,
+                        logprobs,
+                        prompt,
+                        event.finish_reason,  # type: ignore[arg-type]
+                        event.stop_reason,
+                        stamps,
+                    )
                     return
                 if event.token_ids or delta:
-                    yield TokenEvent(event.token_ids, delta, () if request.logprobs is not None else None,
-                                     stamps=stamps)  # fmt: skip
+                    yield TokenEvent(
+                        event.token_ids, delta, () if request.logprobs is not None else None, stamps=stamps
+                    )
         finally:
             self.queues.pop(request.request_id, None)
 
     # ---- logprobs ------------------------------------------------------------------------------------
-    async def _scores(self, request: GenerationRequest, generated: list[int]
-                      ) -> tuple[tuple[TokenLogprob, ...] | None, tuple[TokenLogprob, ...] | None]:  # fmt: skip
+    async def _scores(
+        self, request: GenerationRequest, generated: list[int]
+    ) -> tuple[tuple[TokenLogprob, ...] | None, tuple[TokenLogprob, ...] | None]:
         """Logprobs of the generated tokens (and of the prompt, when asked) from one scoring pass
         over prompt + completion: the model's log-softmax, before temperature and top-p."""
         prompt = list(request.prompt_token_ids)
@@ -242,8 +250,10 @@ class LoopEngine:
                 Candidate(i, self.piece(i), float(v)) for i, v in zip(s.top_ids[n], s.top_logprobs[n], strict=True)
             )
 
-        return [TokenLogprob(t, self.piece(t), float(lp), top(n))
-                for n, (t, lp) in enumerate(zip(seq[start:], s.logprobs, strict=True))]  # fmt: skip
+        return [
+            TokenLogprob(t, self.piece(t), float(lp), top(n))
+            for n, (t, lp) in enumerate(zip(seq[start:], s.logprobs, strict=True))
+        ]
 
     @staticmethod
     def _top(entry: TokenLogprob, k: int) -> TokenLogprob:

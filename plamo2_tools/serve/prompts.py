@@ -134,8 +134,9 @@ def check_max_tokens(max_tokens: int | None, echo: bool, param: str = "max_token
         raise bad_request(f"{param} must be >= 1 (0 only with echo, which returns the prompt alone)", param=param)
 
 
-def resolve_max_tokens(prompt_len: int, requested: int | None, info: ModelInfo, param: str = "max_tokens",
-                       default: int | None = None) -> int:  # fmt: skip
+def resolve_max_tokens(
+    prompt_len: int, requested: int | None, info: ModelInfo, param: str = "max_tokens", default: int | None = None
+) -> int:
     """`requested`, else `default` within the room left, else all the room left (vLLM's defaults:
     16 for completions, the room for chat); refuses what does not fit."""
     wanted = default_max_tokens(prompt_len, requested, info.max_context, default)
@@ -163,9 +164,13 @@ def check_text_lengths(texts: Sequence[str | list[int]], info: ModelInfo, what: 
     for i, t in enumerate(texts):
         if isinstance(t, str) and len(t) > info.max_context * longest:
             least = -(-len(t) // longest)
-            raise ApiError(400, f"{what} {i} has {len(t):,} characters, so at least {least:,} tokens: more than "
-                           f"this model's maximum context length of {info.max_context} tokens",
-                           param="prompt", code="context_length_exceeded")  # fmt: skip
+            raise ApiError(
+                400,
+                f"{what} {i} has {len(t):,} characters, so at least {least:,} tokens: more than "
+                f"this model's maximum context length of {info.max_context} tokens",
+                param="prompt",
+                code="context_length_exceeded",
+            )
 
 
 async def completion_prompts(

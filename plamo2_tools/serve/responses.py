@@ -76,8 +76,9 @@ def legacy_logprobs(
     return out, offset
 
 
-def prompt_logprobs(tokens: Sequence[TokenLogprob], added: int, text_length: int,
-                    as_ids: bool = False) -> CompletionLogprobs:  # fmt: skip
+def prompt_logprobs(
+    tokens: Sequence[TokenLogprob], added: int, text_length: int, as_ids: bool = False
+) -> CompletionLogprobs:
     """The echoed prompt's logprobs object: offsets into the echoed text, so the `added` leading tokens
     the tokenizer put there (a BOS, not in the text) take no characters, and no offset passes the
     text's end (byte tokens show one U+FFFD each for what is one character of the text), which keeps
@@ -129,8 +130,9 @@ class CompletionChoiceState:
                 text = self.echo_text
                 self.offset = len(self.echo_text)
         if lp is not None and self.echo_text is not None and event.prompt_logprobs is not None:
-            extend_logprobs(lp, prompt_logprobs(event.prompt_logprobs, self.added_bos, len(self.echo_text),
-                                                self.tokens_as_ids))  # fmt: skip
+            extend_logprobs(
+                lp, prompt_logprobs(event.prompt_logprobs, self.added_bos, len(self.echo_text), self.tokens_as_ids)
+            )
         self.token_ids += event.token_ids
         text += event.text
         if lp is not None and event.logprobs is not None:

@@ -49,12 +49,24 @@ class LoopOptions:
     memory_budget: int | None = None  # bytes for "auto" instead of the device's free memory
 
     def build(self, runtime: Runtime, **kwargs: Any) -> OnlineLoop:
-        return OnlineLoop(runtime, max_batch=self.max_batch, max_context=self.max_context,
-                          sync_every=self.sync_every, memory_budget=self.memory_budget, **kwargs)  # fmt: skip
+        return OnlineLoop(
+            runtime,
+            max_batch=self.max_batch,
+            max_context=self.max_context,
+            sync_every=self.sync_every,
+            memory_budget=self.memory_budget,
+            **kwargs,
+        )
 
 
-def model_info(runtime: Runtime, loop: OnlineLoop, model_id: str, created: int, max_logprobs: int = 20,
-               chat_template: str | None = None) -> ModelInfo:  # fmt: skip
+def model_info(
+    runtime: Runtime,
+    loop: OnlineLoop,
+    model_id: str,
+    created: int,
+    max_logprobs: int = 20,
+    chat_template: str | None = None,
+) -> ModelInfo:
     """What the server tells clients about the model (`chat_template` replaces the checkpoint's)."""
     tok = runtime.tokenizer
     bos_id = getattr(tok, "bos_token_id", None) if getattr(tok, "add_bos_token", False) else None
@@ -90,9 +102,15 @@ def scores_of(t: TokenScores) -> Scores:
 class RuntimeEngine(LoopEngine):
     """`engine_api.Engine` over a loaded `Runtime` whose loop runs as a thread of this process."""
 
-    def __init__(self, runtime: Runtime, model_id: str, options: LoopOptions | None = None,
-                 max_logprobs: int = 20, chat_template: str | None = None,
-                 log_failures: bool = True) -> None:  # fmt: skip
+    def __init__(
+        self,
+        runtime: Runtime,
+        model_id: str,
+        options: LoopOptions | None = None,
+        max_logprobs: int = 20,
+        chat_template: str | None = None,
+        log_failures: bool = True,
+    ) -> None:
         self.runtime = runtime
         self.log_failures = log_failures  # False: the caller raises the loop's failure itself (batch files)
         self.options = options or LoopOptions()

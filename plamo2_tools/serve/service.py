@@ -49,9 +49,19 @@ class ServerFailed(Plamo2Error):
     exit_code = 1
 
 
-def serve_job(rt: Runtime, model_id: str, host: str, port: int, loop: dict[str, Any], server: dict[str, Any],
-              shutdown_timeout: float, log_level: str = "warning", api_key: str | None = None,
-              sock: socket.socket | None = None, chat_template: str | None = None) -> int:  # fmt: skip
+def serve_job(
+    rt: Runtime,
+    model_id: str,
+    host: str,
+    port: int,
+    loop: dict[str, Any],
+    server: dict[str, Any],
+    shutdown_timeout: float,
+    log_level: str = "warning",
+    api_key: str | None = None,
+    sock: socket.socket | None = None,
+    chat_template: str | None = None,
+) -> int:
     """Serve `rt` (rank 0) or follow rank 0's loop (the others); 0 after a graceful stop.
 
     The API key comes as `api_key` in-process and through the environment (API_KEY_ENV) to torchrun
@@ -68,10 +78,12 @@ def serve_job(rt: Runtime, model_id: str, host: str, port: int, loop: dict[str, 
     config["served_model_names"] = list(config.get("served_model_names", ()))
     key = api_key or os.environ.get(API_KEY_ENV) or None
     if http_process():
-        return _serve_two_processes(rt, model_id, host, port, options, config, shutdown_timeout, log_level, key, sock,
-                                    chat_template)  # fmt: skip
-    return _serve_one_process(rt, model_id, host, port, options, config, shutdown_timeout, log_level, key, sock,
-                              chat_template)  # fmt: skip
+        return _serve_two_processes(
+            rt, model_id, host, port, options, config, shutdown_timeout, log_level, key, sock, chat_template
+        )
+    return _serve_one_process(
+        rt, model_id, host, port, options, config, shutdown_timeout, log_level, key, sock, chat_template
+    )
 
 
 def http_process() -> bool:
@@ -87,20 +99,34 @@ def _banner(rt: Runtime, model_id: str, info: ModelInfo, api_key: str | None) ->
     mapping = rt.manifest.mapping
     layout = f"tp{mapping.tp}×pp{mapping.pp}" + (" torchrun ranks" if rt.mode == "dist" else "")
     chat = "on" if info.chat_template else "off: no chat template"
-    return (f"serving {model_id} on {{where}} ({info.max_batch} slots of {info.max_context} tokens, {layout}, "
-            f"{rt.engines[0].device}; chat {chat}{'; API key required' if api_key else ''})")  # fmt: skip
+    return (
+        f"serving {model_id} on {{where}} ({info.max_batch} slots of {info.max_context} tokens, {layout}, "
+        f"{rt.engines[0].device}; chat {chat}{'; API key required' if api_key else ''})"
+    )
 
 
-def _serve_one_process(rt: Runtime, model_id: str, host: str, port: int, options: LoopOptions, config: dict[str, Any],
-                       shutdown_timeout: float, log_level: str, api_key: str | None, sock: socket.socket | None,
-                       chat_template: str | None) -> int:  # fmt: skip
+def _serve_one_process(
+    rt: Runtime,
+    model_id: str,
+    host: str,
+    port: int,
+    options: LoopOptions,
+    config: dict[str, Any],
+    shutdown_timeout: float,
+    log_level: str,
+    api_key: str | None,
+    sock: socket.socket | None,
+    chat_template: str | None,
+) -> int:
     """HTTP on this process's main thread, the loop a thread beside it (HTTP_PROCESS_ENV=0)."""
     from .app import ServerConfig, create_app
     from .server import serve_forever
 
     engine = RuntimeEngine(rt, model_id, options, chat_template=chat_template)
-    app = create_app(engine, ServerConfig(**{**config, "served_model_names": tuple(config["served_model_names"]),
-                                             "api_key": api_key}))  # fmt: skip
+    app = create_app(
+        engine,
+        ServerConfig(**{**config, "served_model_names": tuple(config["served_model_names"]), "api_key": api_key}),
+    )
     banner = _banner(rt, model_id, engine.info, api_key)
 
     def started(addresses: list[Any]) -> None:
@@ -117,9 +143,19 @@ def _serve_one_process(rt: Runtime, model_id: str, host: str, port: int, options
     return 0
 
 
-def _serve_two_processes(rt: Runtime, model_id: str, host: str, port: int, options: LoopOptions,
-                         config: dict[str, Any], shutdown_timeout: float, log_level: str, api_key: str | None,
-                         sock: socket.socket | None, chat_template: str | None) -> int:  # fmt: skip
+def _serve_two_processes(
+    rt: Runtime,
+    model_id: str,
+    host: str,
+    port: int,
+    options: LoopOptions,
+    config: dict[str, Any],
+    shutdown_timeout: float,
+    log_level: str,
+    api_key: str | None,
+    sock: socket.socket | None,
+    chat_template: str | None,
+) -> int:
     """The loop here, HTTP in a child process (`front`) started first, so that its imports overlap
     the warm-up; signals to this process are forwarded to it, which drains and then tells the loop
     to stop (docs/serve.md, "Two processes")."""
@@ -127,11 +163,16 @@ def _serve_two_processes(rt: Runtime, model_id: str, host: str, port: int, optio
 
     listener = sock if sock is not None else bind_socket(host, port)
     ours, theirs = pipe_pair()
-    front_args = front_config(theirs.fileno(), listener.fileno(), str(rt.path), rt.trust_remote_code, config,
-                              shutdown_timeout, log_level)  # fmt: skip
+    front_args = front_config(
+        theirs.fileno(), listener.fileno(), str(rt.path), rt.trust_remote_code, config, shutdown_timeout, log_level
+    )
     env = {**os.environ, **({API_KEY_ENV: api_key} if api_key else {})}
-    child = subprocess.Popen([sys.executable, "-m", "plamo2_tools.serve.front", front_args], env=env,
-                             pass_fds=(theirs.fileno(), listener.fileno()), process_group=0)  # fmt: skip
+    child = subprocess.Popen(
+        [sys.executable, "-m", "plamo2_tools.serve.front", front_args],
+        env=env,
+        pass_fds=(theirs.fileno(), listener.fileno()),
+        process_group=0,
+    )
     theirs.close()
     listener.close()  # the child's now: once it stops listening, connections are refused, not left queued
     signals: list[int] = []

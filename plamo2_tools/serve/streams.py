@@ -245,8 +245,9 @@ class EventStream(StreamingResponse):
     """Server-sent events that stop (and run `on_close`) as soon as the client disconnects, and
     close their iterator however the response ends, so that no engine sequence outlives it."""
 
-    def __init__(self, chunks: AsyncIterator[str], on_close: Callable[[], None],
-                 trace: RequestTrace | None = None) -> None:  # fmt: skip
+    def __init__(
+        self, chunks: AsyncIterator[str], on_close: Callable[[], None], trace: RequestTrace | None = None
+    ) -> None:
         super().__init__(
             chunks, media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
         )

@@ -39,9 +39,18 @@ from typing import Any, TextIO
 
 TRACE_ENV = "PLAMO2_SERVE_TRACE"
 STAGES = (
-    "arrival", "parsed", "tokenized", "admitted", "submitted", "taken", "scheduled", "prefilled", "drained",
-    "delivered", "written",
-)  # fmt: skip
+    "arrival",
+    "parsed",
+    "tokenized",
+    "admitted",
+    "submitted",
+    "taken",
+    "scheduled",
+    "prefilled",
+    "drained",
+    "delivered",
+    "written",
+)
 
 
 class RequestTrace:
@@ -140,8 +149,10 @@ def stage_summary(records: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, f
 def format_summary(summary: Mapping[str, Mapping[str, float]]) -> str:
     lines = [f"{'stage':<10} {'n':>6} {'p50 ms':>9} {'p99 ms':>9} {'mean ms':>9}"]
     for stage, s in summary.items():
-        lines.append(f"{stage:<10} {int(s['count']):>6} {1e3 * s['p50_s']:>9.2f} {1e3 * s['p99_s']:>9.2f} "
-                     f"{1e3 * s['mean_s']:>9.2f}")  # fmt: skip
+        lines.append(
+            f"{stage:<10} {int(s['count']):>6} {1e3 * s['p50_s']:>9.2f} {1e3 * s['p99_s']:>9.2f} "
+            f"{1e3 * s['mean_s']:>9.2f}"
+        )
     return "\n".join(lines)
 
 

@@ -106,9 +106,10 @@ def all_digests(
     out: dict[str, tuple[str, dict[str, str]]] = {}
     with ThreadPoolExecutor(max(1, min(os.cpu_count() or 1, 64)), thread_name_prefix="plamo2-digest") as pool:
         results = (
-            ((n, digests(m, n, pool)) for n in names) if m.format.combined
+            ((n, digests(m, n, pool)) for n in names)
+            if m.format.combined
             else pool.map(lambda n: (n, digests(m, n)), names)
-        )  # fmt: skip
+        )
         for name, result in results:
             out[name] = result
             if progress:

@@ -304,8 +304,9 @@ def _typed(directory: Path, raw: dict[str, Any], fmt: ShardFormat) -> Manifest:
     algorithm = fmt.hash_of(raw)
     config = load_config(directory / "config.json")
     m = raw["mapping"]
-    mapping = Mapping(_count(m["tp_size"], 1), _count(m["pp_size"], 1),
-                      tuple((_count(a), _count(b)) for a, b in _list(m["stages"])))  # fmt: skip
+    mapping = Mapping(
+        _count(m["tp_size"], 1), _count(m["pp_size"], 1), tuple((_count(a), _count(b)) for a, b in _list(m["stages"]))
+    )
     _check_stages(mapping, int(config.num_hidden_layers))
     ranks = tuple(
         RankRecord(
@@ -354,8 +355,9 @@ def _typed(directory: Path, raw: dict[str, Any], fmt: ShardFormat) -> Manifest:
         tensors=_source_tensors(_dict(src["tensors"]), config),
     )
     o = raw["options"]
-    options = Options(str(o["dtype"]), _count(o["max_part_size"], 1), _flag(o["tied_embeddings"]),
-                      _count(o["padded_vocab"], 1))  # fmt: skip
+    options = Options(
+        str(o["dtype"]), _count(o["max_part_size"], 1), _flag(o["tied_embeddings"]), _count(o["padded_vocab"], 1)
+    )
     return Manifest(
         path=directory,
         format=fmt,
@@ -380,11 +382,18 @@ def _check_stages(mapping: Mapping, layers: int) -> None:
     of it silently ran fewer layers: issue 28)."""
     bounds = [0, *(b for _, b in mapping.stages)]
     starts = [a for a, _ in mapping.stages]
-    if (mapping.tp < 1 or len(mapping.stages) != mapping.pp or starts != bounds[:-1] or bounds[-1] != layers
-            or any(a >= b for a, b in mapping.stages)):  # fmt: skip
+    if (
+        mapping.tp < 1
+        or len(mapping.stages) != mapping.pp
+        or starts != bounds[:-1]
+        or bounds[-1] != layers
+        or any(a >= b for a, b in mapping.stages)
+    ):
         shown = json.dumps([list(x) for x in mapping.stages])[:80]
-        raise CheckpointError(f"mapping.stages {shown} does not split the {layers} layers of config.json into "
-                              f"pp_size = {mapping.pp} consecutive non-empty ranges: malformed manifest")  # fmt: skip
+        raise CheckpointError(
+            f"mapping.stages {shown} does not split the {layers} layers of config.json into "
+            f"pp_size = {mapping.pp} consecutive non-empty ranges: malformed manifest"
+        )
 
 
 def _side_files(raw: dict[str, Any], fmt: ShardFormat) -> dict[str, SideRecord]:

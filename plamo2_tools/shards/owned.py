@@ -45,8 +45,10 @@ def unfinished_conversion(directory: Path) -> str | None:
     planned = [n for n in state.writes if n.endswith(".safetensors")]
     done = set(state.finished)
     count = f"{len(done)} of {len(planned)}" if planned else f"{len(done)}"
-    return (f"{directory}: an unfinished conversion ({count} shard files finished, no {MANIFEST_NAME} yet): "
-            "run the same convert again to resume it")  # fmt: skip
+    return (
+        f"{directory}: an unfinished conversion ({count} shard files finished, no {MANIFEST_NAME} yet): "
+        "run the same convert again to resume it"
+    )
 
 
 def ensure_readable_checkpoint(directory: str | Path) -> None:

@@ -215,13 +215,15 @@ def _inventory_problems(m: Manifest, source: _Source) -> list[str]:
         if name not in source.where:
             problems.append(f"source tensor {name} is not in the checkpoint")
         elif source.shape(name) != tuple(rec.shape):
-            problems.append(f"source tensor {name} is {list(source.shape(name))}, the shards were cut from "
-                            f"{list(rec.shape)}")  # fmt: skip
+            problems.append(
+                f"source tensor {name} is {list(source.shape(name))}, the shards were cut from {list(rec.shape)}"
+            )
     return problems
 
 
-def _compare(m: Manifest, rank: int, t: OutputTensor, file: str, source: _Source, opened: dict[str, Any],
-             stack: ExitStack) -> list[str]:  # fmt: skip
+def _compare(
+    m: Manifest, rank: int, t: OutputTensor, file: str, source: _Source, opened: dict[str, Any], stack: ExitStack
+) -> list[str]:
     if file not in opened:
         try:
             opened[file] = stack.enter_context(safetensors.safe_open(str(m.path / file), "pt"))

@@ -85,8 +85,9 @@ def check_vocab_file(path: str | Path) -> None:
     build_tables(read_rows(path), str(path), suffixes=False)
 
 
-def build_tables(rows: Sequence[Sequence[Any]], where: str = "tokenizer.jsonl", boundary: bool = False,
-                 suffixes: bool = True) -> VocabTables:  # fmt: skip
+def build_tables(
+    rows: Sequence[Sequence[Any]], where: str = "tokenizer.jsonl", boundary: bool = False, suffixes: bool = True
+) -> VocabTables:
     """Validate the rows and build the piece/score tables (the same choices as PLaMo's loader).
 
     ``boundary`` (PLaMo 3): BOUNDARY_CHAR becomes a piece scoring 0 with id BOUNDARY_TOKEN_ID, as if
@@ -105,8 +106,10 @@ def build_tables(rows: Sequence[Sequence[Any]], where: str = "tokenizer.jsonl", 
             suffix_chars += len(piece) * (len(piece) + 1) // 2
             if suffix_chars > MAX_SUFFIX_CHARS:
                 why = "PLaMo's table holds every suffix of every piece"
-                raise UserError(f"{where}: the pieces up to row {token_id} have more than {MAX_SUFFIX_CHARS} "
-                                f"characters of suffixes ({why}): refused")  # fmt: skip
+                raise UserError(
+                    f"{where}: the pieces up to row {token_id} have more than {MAX_SUFFIX_CHARS} "
+                    f"characters of suffixes ({why}): refused"
+                )
         pieces.append(piece)
         kinds.append(kind)
         token_to_id[piece] = token_id
@@ -121,8 +124,10 @@ def build_tables(rows: Sequence[Sequence[Any]], where: str = "tokenizer.jsonl", 
         score_of[BOUNDARY_CHAR] = 0.0
     missing = [f"<0x{b:02X}>" for b in range(256) if byte_ids[b] == 0]
     if missing:
-        raise UserError(f"{where}: no BYTE row (other than id 0) for {', '.join(missing[:4])}"
-                        + (f" and {len(missing) - 4} more" if len(missing) > 4 else ""))  # fmt: skip
+        raise UserError(
+            f"{where}: no BYTE row (other than id 0) for {', '.join(missing[:4])}"
+            + (f" and {len(missing) - 4} more" if len(missing) > 4 else "")
+        )
     candidates: dict[str, tuple[int, int]] = {}
     for piece, score in score_of.items():
         value = integer_score(score)
@@ -152,14 +157,18 @@ def _check_row(row: Any, token_id: int, where: str) -> tuple[str, float, str]:
         # 1e308: round(inf) raised OverflowError here, as it does in PLaMo's own loader (issue 28)
         raise UserError(f"{where}: row {token_id} has score {value!r}, which does not fit PLaMo's int32 score table")
     if len(piece) > MAX_PIECE_CHARS:
-        raise UserError(f"{where}: row {token_id} has a piece of {len(piece)} characters, more than the "
-                        f"{MAX_PIECE_CHARS} a piece may have: refused")  # fmt: skip
+        raise UserError(
+            f"{where}: row {token_id} has a piece of {len(piece)} characters, more than the "
+            f"{MAX_PIECE_CHARS} a piece may have: refused"
+        )
     if not piece.isascii():
         try:
             piece.encode("utf-8")
         except UnicodeEncodeError as e:  # a lone surrogate ("\ud800" in JSON): no text decodes to it
-            raise UserError(f"{where}: row {token_id} has a piece with a lone surrogate "
-                            f"(U+{ord(piece[e.start]):04X}), which is not text: refused") from None  # fmt: skip
+            raise UserError(
+                f"{where}: row {token_id} has a piece with a lone surrogate "
+                f"(U+{ord(piece[e.start]):04X}), which is not text: refused"
+            ) from None
     # Only "BYTE" changes how a row is read; PLaMo's code treats any other type column as a piece.
     kind = row[2] if len(row) > 2 and isinstance(row[2], str) else "NORMAL"
     return piece, value, kind

@@ -17,8 +17,18 @@ from plamo2_tools.kinds import BENCH_SCHEMA_VERSION, BENCH_TUNE_KIND
 
 def test_tune_on_the_cpu_keeps_warmups_refusal(shards, tmp_path: Path) -> None:
     out = tmp_path / "tune.json"
-    bench("tune", "--shards", shards("tiny", 1, 1, seed=11), "--device", "cpu", "--work", tmp_path / "w",
-          "--out", out, expect=1)  # fmt: skip
+    bench(
+        "tune",
+        "--shards",
+        shards("tiny", 1, 1, seed=11),
+        "--device",
+        "cpu",
+        "--work",
+        tmp_path / "w",
+        "--out",
+        out,
+        expect=1,
+    )
     data = json.loads(out.read_text())
     assert (data["kind"], data["schema_version"], data["complete"]) == (BENCH_TUNE_KIND, BENCH_SCHEMA_VERSION, False)
     assert data["error"] == "RuntimeError: warmup exited 2"
@@ -28,11 +38,20 @@ def test_tune_on_the_cpu_keeps_warmups_refusal(shards, tmp_path: Path) -> None:
 def test_a_tune_result_is_rendered(cli, tmp_path: Path) -> None:
     card = tuned.Card("Fake Card 9000", "9.9")
     table = tuned.write_table(tmp_path / "t.json", card, {"ssd_chunk_scan": {"1|2|3": ["parallel", 128]}}, {})
-    envelope = {"kind": BENCH_TUNE_KIND, "schema_version": BENCH_SCHEMA_VERSION, "benchmark": "tune",
-                "machine": {"card": card.name}, "command": "python -m bench tune", "started_at": "2026-12-07T00:00:00Z",
-                "complete": True,
-                "results": {"table": json.loads(table.read_text()), "wall_s": 12.5,
-                            "warmup": {"triton_kernels_before": 3, "triton_kernels_after": 40}}}  # fmt: skip
+    envelope = {
+        "kind": BENCH_TUNE_KIND,
+        "schema_version": BENCH_SCHEMA_VERSION,
+        "benchmark": "tune",
+        "machine": {"card": card.name},
+        "command": "python -m bench tune",
+        "started_at": "2026-12-07T00:00:00Z",
+        "complete": True,
+        "results": {
+            "table": json.loads(table.read_text()),
+            "wall_s": 12.5,
+            "warmup": {"triton_kernels_before": 3, "triton_kernels_after": 40},
+        },
+    }
     path = tmp_path / "tune.json"
     path.write_text(json.dumps(envelope))
     text = rendered(cli, path)

@@ -169,8 +169,9 @@ def test_logits_refuses_broken_checkpoint(tmp_path: Path, cli: Cli, broken: Path
     assert not (tmp_path / "x.npy").exists()
 
 
-def test_inspect_corrupt_file_is_one_line(cli: Cli, one_line_error: OneLineError, checkpoint: Checkpoint,
-                                          private_copy: Callable[[Path], Path]) -> None:  # fmt: skip
+def test_inspect_corrupt_file_is_one_line(
+    cli: Cli, one_line_error: OneLineError, checkpoint: Checkpoint, private_copy: Callable[[Path], Path]
+) -> None:
     path = private_copy(checkpoint("tiny", 0))
     data = (path / "model.safetensors").read_bytes()
     (path / "model.safetensors").write_bytes(data[:-10])
@@ -179,16 +180,18 @@ def test_inspect_corrupt_file_is_one_line(cli: Cli, one_line_error: OneLineError
 
 # ---- logits: bad input ----------------------------------------------------------------------------
 @pytest.mark.parametrize("ids", ["1,2,1000", "1000", "5,-1", "0,99999999"])
-def test_logits_token_outside_vocabulary(tmp_path: Path, cli: Cli, one_line_error: OneLineError, checkpoint: Checkpoint,
-                                         ids: str) -> None:  # fmt: skip
+def test_logits_token_outside_vocabulary(
+    tmp_path: Path, cli: Cli, one_line_error: OneLineError, checkpoint: Checkpoint, ids: str
+) -> None:
     r = cli("logits", checkpoint("tiny", 0), "--input-ids", ids, "--out", tmp_path / "x.npy", expect=2)
     assert "outside the vocabulary" in one_line_error(r, 2)
     assert not (tmp_path / "x.npy").exists()
 
 
 @pytest.mark.parametrize("what", ["no-dir", "empty-dir", "no-weights"])
-def test_logits_missing_checkpoint(tmp_path: Path, cli: Cli, one_line_error: OneLineError, checkpoint: Checkpoint,
-                                   what: str) -> None:  # fmt: skip
+def test_logits_missing_checkpoint(
+    tmp_path: Path, cli: Cli, one_line_error: OneLineError, checkpoint: Checkpoint, what: str
+) -> None:
     path = tmp_path / "ckpt"
     if what != "no-dir":
         path.mkdir()
@@ -204,8 +207,11 @@ def test_logits_errors_in_a_real_process(tmp_path: Path, checkpoint: Checkpoint)
     args = [str(checkpoint("tiny", 0)), "--input-ids", "1,1000", "--out", str(tmp_path / "x.npy")]
     p = subprocess.run(
         [sys.executable, "-m", "plamo2_tools.cli", "logits", *args],
-        capture_output=True, text=True, env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"}, timeout=120,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"},
+        timeout=120,
+    )
     assert p.returncode == 2, p.stderr
     assert len(p.stderr.strip().splitlines()) == 1 and "Traceback" not in p.stderr, p.stderr
     assert "outside the vocabulary" in p.stderr and p.stdout == ""

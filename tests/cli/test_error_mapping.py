@@ -26,8 +26,9 @@ def _raise(exc: BaseException):  # type: ignore[no-untyped-def]
 ENOSPC = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
 
-def test_disk_full_in_a_kernel_copy(cli, one_line_error, checkpoint, tmp_path: Path,
-                                    monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_disk_full_in_a_kernel_copy(
+    cli, one_line_error, checkpoint, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(os, "copy_file_range", _raise(ENOSPC))
     r = cli("convert", checkpoint("tiny"), tmp_path / "out", "--copy", "copy_file_range", "--json", expect=None)
     assert "no space left on device" in one_line_error(r, 3)
@@ -50,8 +51,9 @@ def test_disk_full_in_a_write(cli, one_line_error, checkpoint, tmp_path: Path, m
 
 
 @pytest.mark.parametrize("code", [errno.ENOSPC, errno.EDQUOT, errno.ENOMEM, errno.EACCES, errno.EROFS, errno.EIO])
-def test_a_raw_os_error_of_the_machine_exits_3(cli, one_line_error, shards, monkeypatch: pytest.MonkeyPatch,
-                                               code: int) -> None:  # fmt: skip
+def test_a_raw_os_error_of_the_machine_exits_3(
+    cli, one_line_error, shards, monkeypatch: pytest.MonkeyPatch, code: int
+) -> None:
     """An OSError nobody translated (it escaped from a library) still is the machine's refusal."""
     monkeypatch.setattr(engine.Runtime, "generate", _raise(OSError(code, os.strerror(code), "/some/file")))
     r = cli("generate", shards("tiny", 1, 1, seed=11), "--prompt", "x", expect=None)

@@ -14,8 +14,21 @@ from plamo2_tools import __version__
 from plamo2_tools.runtime.batching import engine
 
 MINI_GSM8K = Path(__file__).parents[1] / "eval" / "data" / "gsm8k_mini"
-EVAL = ("--tasks", "gsm8k", "--gsm8k-dir", MINI_GSM8K, "--allow-unverified-data", "--limit", "1",
-        "--num-fewshot", "0", "--max-gen-toks", "4", "--bootstrap-iters", "0")  # fmt: skip
+EVAL = (
+    "--tasks",
+    "gsm8k",
+    "--gsm8k-dir",
+    MINI_GSM8K,
+    "--allow-unverified-data",
+    "--limit",
+    "1",
+    "--num-fewshot",
+    "0",
+    "--max-gen-toks",
+    "4",
+    "--bootstrap-iters",
+    "0",
+)
 
 
 @pytest.fixture(scope="module")
@@ -56,12 +69,15 @@ def _commands(shards: Path, reference: Path, tmp_path: Path) -> dict[str, tuple]
 
 # ---- shards verified when loaded ------------------------------------------------------------------
 @pytest.mark.parametrize("how", ["swapped", "flipped", "truncated"])
-def test_damaged_shards_are_refused_by_every_runner(cli, one_line_error, checkpoint, damaged, tmp_path: Path,
-                                                    how: str) -> None:  # fmt: skip
+def test_damaged_shards_are_refused_by_every_runner(
+    cli, one_line_error, checkpoint, damaged, tmp_path: Path, how: str
+) -> None:
     shards = damaged(how)
-    words = {"swapped": "header says tp_rank=1, expected 0 (another rank's file?)",
-             "flipped": "model-rank-0-part-0.safetensors: xxh3-128 digest differs from the manifest",
-             "truncated": "(truncated or replaced)"}[how]  # fmt: skip
+    words = {
+        "swapped": "header says tp_rank=1, expected 0 (another rank's file?)",
+        "flipped": "model-rank-0-part-0.safetensors: xxh3-128 digest differs from the manifest",
+        "truncated": "(truncated or replaced)",
+    }[how]
     for name, args in _commands(shards, checkpoint("tiny", seed=11), tmp_path).items():
         line = one_line_error(cli(*args, expect=2), 2)
         assert words in line, (name, line)
@@ -98,10 +114,12 @@ def test_generate_options(cli, one_line_error, layout: Path, args: tuple, code: 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 def test_cuda_without_a_gpu(cli, one_line_error, layout: Path, checkpoint, tmp_path: Path) -> None:
-    for args in (("generate", layout, "--prompt", "x", "--device", "cuda"),
-                 ("logits", layout, "--input-ids", "1,2", "--out", tmp_path / "x.npy", "--device", "cuda"),
-                 ("verify", layout, "--reference", checkpoint("tiny", seed=11), "--reference-device", "cuda"),
-                 ("eval", layout, *EVAL, "--device", "cuda")):  # fmt: skip
+    for args in (
+        ("generate", layout, "--prompt", "x", "--device", "cuda"),
+        ("logits", layout, "--input-ids", "1,2", "--out", tmp_path / "x.npy", "--device", "cuda"),
+        ("verify", layout, "--reference", checkpoint("tiny", seed=11), "--reference-device", "cuda"),
+        ("eval", layout, *EVAL, "--device", "cuda"),
+    ):
         line = one_line_error(cli(*args, expect=3), 3)
         assert "cuda: no CUDA device is usable (" in line, line
 
@@ -112,8 +130,9 @@ def test_triton_on_the_cpu(cli, one_line_error, layout: Path, monkeypatch: pytes
     assert "--backend triton runs on CUDA devices" in line
 
 
-def test_output_files_checked_before_the_work(cli, one_line_error, layout: Path, checkpoint, tmp_path: Path,
-                                              monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_output_files_checked_before_the_work(
+    cli, one_line_error, layout: Path, checkpoint, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     def no_work(*args, **kwargs):
         raise AssertionError("the work started before the output was checked")
 
@@ -140,8 +159,12 @@ def test_eval_inputs(cli, one_line_error, layout: Path, tmp_path: Path) -> None:
     (data / "test.jsonl").write_text('{"question": "1+1?"}\n')
     line = one_line_error(cli("eval", layout, "--gsm8k-dir", data, "--allow-unverified-data", expect=2), 2)
     assert 'line 1 is not a GSM8K record (needs "question" and "answer" strings)' in line
-    for args, words in ((("--batch-size", "0"), "--batch-size 0"), (("--max-gen-toks", "0"), "--max-gen-toks 0"),
-                        (("--limit", "-1"), "--limit must be > 0"), (("--backend", "x"), "--backend 'x'")):  # fmt: skip
+    for args, words in (
+        (("--batch-size", "0"), "--batch-size 0"),
+        (("--max-gen-toks", "0"), "--max-gen-toks 0"),
+        (("--limit", "-1"), "--limit must be > 0"),
+        (("--backend", "x"), "--backend 'x'"),
+    ):
         assert words in one_line_error(cli("eval", layout, *EVAL[:5], *args, expect=2), 2)
 
 

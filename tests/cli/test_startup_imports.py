@@ -30,12 +30,28 @@ atexit.register(lambda: sys.stderr.write("\\nHEAVY=" + ",".join(m for m in {modu
 sys.argv = ["plamo2-tools", *sys.argv[1:]]
 runpy.run_module("plamo2_tools.cli", run_name="__main__")
 """
-COMMANDS = ("synth", "inspect", "logits", "convert", "merge", "check", "demo", "verify", "generate", "serve", "eval",
-            "gsm8k-task", "report", "tokenize", "warmup")  # fmt: skip
+COMMANDS = (
+    "synth",
+    "inspect",
+    "logits",
+    "convert",
+    "merge",
+    "check",
+    "demo",
+    "verify",
+    "generate",
+    "serve",
+    "eval",
+    "gsm8k-task",
+    "report",
+    "tokenize",
+    "warmup",
+)
 
 
-def loaded(*args: object, env: dict[str, str] | None = None, modules: tuple[str, ...] = HEAVY
-           ) -> tuple[int, set[str], str]:  # fmt: skip
+def loaded(
+    *args: object, env: dict[str, str] | None = None, modules: tuple[str, ...] = HEAVY
+) -> tuple[int, set[str], str]:
     probe = PROBE.format(modules=modules)
     r = subprocess.run([sys.executable, "-c", probe, *map(str, args)], capture_output=True, text=True, env=env)
     marker = [line for line in r.stderr.splitlines() if line.startswith("HEAVY=")]
@@ -102,8 +118,9 @@ def test_cuda_on_a_cpu_build_is_refused_without_torch(shards) -> None:
 
 def test_hidden_gpus_are_refused_without_torch(shards) -> None:
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
-    code, found, stderr = loaded("generate", shards("tiny", 1, 1, seed=11), "--prompt", "hi", "--device", "cuda",
-                                 env=env)  # fmt: skip
+    code, found, stderr = loaded(
+        "generate", shards("tiny", 1, 1, seed=11), "--prompt", "hi", "--device", "cuda", env=env
+    )
     assert code == 3 and "no CUDA device is usable" in stderr, stderr
     assert not found, found
 

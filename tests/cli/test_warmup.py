@@ -33,8 +33,17 @@ def test_warmup_runs_the_plan(cli, shards, monkeypatch: pytest.MonkeyPatch) -> N
         return real(self, prompts, max_new_tokens, **kwargs)
 
     monkeypatch.setattr(Runtime, "generate", spy)
-    r = cli("warmup", shards("tiny", 1, 1, seed=11), "--max-batch", "4", "--capacity", "64",
-            "--max-prompt-tokens", "64", "--json")  # fmt: skip
+    r = cli(
+        "warmup",
+        shards("tiny", 1, 1, seed=11),
+        "--max-batch",
+        "4",
+        "--capacity",
+        "64",
+        "--max-prompt-tokens",
+        "64",
+        "--json",
+    )
     result = json.loads(r.stdout)
     plan = [tuple(b) for b in result["plan"]["prefill"]]
     assert plan == warmup.prefill_buckets(64, 4) and result["plan"]["slots"] == 4
@@ -47,8 +56,19 @@ def test_warmup_runs_the_plan(cli, shards, monkeypatch: pytest.MonkeyPatch) -> N
 def test_the_likeliest_buckets_first_and_none_past_the_deadline(cli, shards) -> None:
     plan = warmup.prefill_buckets(64, 4)
     assert warmup.prefill_order(tuple(plan)) == [(16, 1), (32, 1), (64, 1), (64, 4), (64, 2), (32, 2)]
-    r = cli("warmup", shards("tiny", 1, 1, seed=11), "--max-batch", "4", "--capacity", "64",
-            "--max-prompt-tokens", "64", "--max-seconds", "0", "--json")  # fmt: skip
+    r = cli(
+        "warmup",
+        shards("tiny", 1, 1, seed=11),
+        "--max-batch",
+        "4",
+        "--capacity",
+        "64",
+        "--max-prompt-tokens",
+        "64",
+        "--max-seconds",
+        "0",
+        "--json",
+    )
     assert [tuple(b) for b in json.loads(r.stdout)["left_out"]] == warmup.prefill_order(tuple(plan))
 
 

@@ -19,8 +19,13 @@ SPEC.loader.exec_module(compat)
 
 
 def rank(*mismatches: dict[str, Any]) -> dict[str, Any]:
-    return {"rank": 0, "sharded_load": {"ok": True}, "file_mismatches": list(mismatches), "hf_fixes": {},
-            "hf_load": {"ok": True}}  # fmt: skip
+    return {
+        "rank": 0,
+        "sharded_load": {"ok": True},
+        "file_mismatches": list(mismatches),
+        "hf_fixes": {},
+        "hf_load": {"ok": True},
+    }
 
 
 def value(key: str, ulps: int) -> dict[str, Any]:
@@ -32,12 +37,17 @@ A = "model.layers.layers.0.mixer.A"
 
 def test_a_within_one_ulp_passes_as_exp_rounding() -> None:
     out = compat._judge([rank(value(A, 1)), rank()])
-    assert out["status"] == "pass-exp-rounding" and out["exp_rounding_only"] == {"keys": 1, "elements": 3,
-                                                                                    "max_ulps": 1}  # fmt: skip
+    assert out["status"] == "pass-exp-rounding" and out["exp_rounding_only"] == {
+        "keys": 1,
+        "elements": 3,
+        "max_ulps": 1,
+    }
 
 
-@pytest.mark.parametrize("mismatch", [value(A, 2), value("model.layers.layers.0.mixer.D", 1),
-                                      {"key": A, "what": "shape", "expected": [8], "got": [4]}])  # fmt: skip
+@pytest.mark.parametrize(
+    "mismatch",
+    [value(A, 2), value("model.layers.layers.0.mixer.D", 1), {"key": A, "what": "shape", "expected": [8], "got": [4]}],
+)
 def test_anything_else_still_fails(mismatch: dict[str, Any]) -> None:
     assert compat._judge([rank(mismatch)])["status"] == "fail"
 

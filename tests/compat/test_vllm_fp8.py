@@ -110,15 +110,33 @@ def check_rank_files(work: Path, cases: list[dict], version: str) -> int:
 @pytest.mark.parametrize(("version", "presets"), RUNS)
 def test_vllm_loads_our_fp8_export_and_splits_scales_by_our_rule(version: str, presets: str, tmp_path: Path) -> None:
     if not ready(version):
-        pytest.skip(f"no vLLM {version} venv at {venv(version)} (bench/vllm_compat.sh --vllm-version {version} "
-                    "--install-only creates it)")  # fmt: skip
+        pytest.skip(
+            f"no vLLM {version} venv at {venv(version)} (bench/vllm_compat.sh --vllm-version {version} "
+            "--install-only creates it)"
+        )
     out, work = tmp_path / "result.json", tmp_path / "work"
     cli = Path(sys.executable).with_name("plamo2-tools")
     proc = subprocess.run(
-        [str(venv(version) / "bin" / "python"), str(REPO / "bench" / "vllm_compat.py"), "--plamo2-tools", str(cli),
-         "--fp8", "--presets", presets, "--tp", "1,2,4", "--work", str(work), "--keep", "--out", str(out)],
-        capture_output=True, text=True, timeout=1800,
-    )  # fmt: skip
+        [
+            str(venv(version) / "bin" / "python"),
+            str(REPO / "bench" / "vllm_compat.py"),
+            "--plamo2-tools",
+            str(cli),
+            "--fp8",
+            "--presets",
+            presets,
+            "--tp",
+            "1,2,4",
+            "--work",
+            str(work),
+            "--keep",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     assert out.exists(), f"no result (exit {proc.returncode})\n{proc.stdout}\n{proc.stderr[-4000:]}"
     result = json.loads(out.read_text())
     assert result["vllm_version"] == version

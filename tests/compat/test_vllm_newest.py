@@ -29,7 +29,7 @@ pytestmark = [
         not READY,
         reason=f"no vLLM {VERSION} venv at {VENV} (bench/vllm_compat.sh --vllm-version "
         f"{VERSION} --skip-dep flashinfer-python --install-only creates it)",
-    ),  # fmt: skip
+    ),
 ]
 
 
@@ -38,10 +38,24 @@ def test_the_newest_vllm_loads_our_plamo3_shards_bit_for_bit(tmp_path: Path) -> 
     out = tmp_path / "result.json"
     cli = Path(sys.executable).with_name("plamo2-tools")
     proc = subprocess.run(
-        [str(VENV / "bin" / "python"), str(REPO / "bench" / "vllm_compat.py"), "--plamo2-tools", str(cli),
-         "--presets", "tiny3-mqa,tiny3-yarn", "--tp", "2,4", "--work", str(tmp_path / "work"), "--out", str(out)],
-        capture_output=True, text=True, timeout=1200,
-    )  # fmt: skip
+        [
+            str(VENV / "bin" / "python"),
+            str(REPO / "bench" / "vllm_compat.py"),
+            "--plamo2-tools",
+            str(cli),
+            "--presets",
+            "tiny3-mqa,tiny3-yarn",
+            "--tp",
+            "2,4",
+            "--work",
+            str(tmp_path / "work"),
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
     assert out.exists(), f"no result (exit {proc.returncode})\n{proc.stdout}\n{proc.stderr[-4000:]}"
     result = json.loads(out.read_text())
     assert result["vllm_version"] == VERSION

@@ -275,8 +275,9 @@ def journaled(out: Path) -> list[str]:
     return [json.loads(line)["file"] for line in lines if line.endswith("}")]
 
 
-def kill_convert_half_way(src: Path, out: Path, options: tuple[str, ...], files: int = 1,
-                          timeout: float = 120.0) -> list[str]:  # fmt: skip
+def kill_convert_half_way(
+    src: Path, out: Path, options: tuple[str, ...], files: int = 1, timeout: float = 120.0
+) -> list[str]:
     """Run the real CLI's convert in a subprocess and SIGKILL it once `files` finished files are
     journaled and the next ones are being written (a `.partial` exists: with `--sync end` a file is
     journaled so soon after its unit ends that the next unit may not have begun yet).  The

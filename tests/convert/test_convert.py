@@ -79,8 +79,9 @@ CHUNKED = [("tiny-gqa", 4, 2), ("tiny-gqa", 8, 1), ("tiny", 2, 3), ("tiny-edge",
 
 
 @pytest.mark.parametrize(("preset", "tp", "pp"), CHUNKED)
-def test_many_small_chunks(cli, checkpoint, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                           preset: str, tp: int, pp: int) -> None:  # fmt: skip
+def test_many_small_chunks(
+    cli, checkpoint, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, preset: str, tp: int, pp: int
+) -> None:
     """Real tensors are copied in 8 MiB windows (computed ones read in 8 MiB row chunks); the tiny
     ones fit in one.  Windows and chunks of 2688 bytes (7 rows of D=96 floats, 4 rows of F=160,
     672 elements of a vector) cut through heads, gate/up halves, vocab shards, padding and mmap
@@ -139,8 +140,9 @@ def test_refused_kernel_copies_fall_back(cli, checkpoint, tmp_path: Path, monkey
     assert not (tmp_path / "forced" / MANIFEST_NAME).exists()
 
 
-def test_a_failing_job_stops_the_run_cleanly(cli, medium_checkpoint: Path, tmp_path: Path,
-                                             monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_a_failing_job_stops_the_run_cleanly(
+    cli, medium_checkpoint: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The disk fills up under one job while others run: one error line (exit 3), every job stopped
     before the unfinished files are removed, no manifest; the finished files resume."""
     real, calls = os.copy_file_range, [0]

@@ -44,8 +44,9 @@ def _assert_durable(calls: list[tuple[str, str, str]], out: Path, commit: str) -
     (under its temporary or its final name) before `commit` (the manifest, or the record that says
     complete) is renamed into place, `commit` itself before its rename, and the directory after."""
     out = Path(os.path.realpath(out))
-    renames = [(i, src, dst) for i, (what, src, dst) in enumerate(calls) if what == "replace"
-               and Path(dst).parent == out]  # fmt: skip
+    renames = [
+        (i, src, dst) for i, (what, src, dst) in enumerate(calls) if what == "replace" and Path(dst).parent == out
+    ]
     done = max(i for i, _, dst in renames if Path(dst).name == commit)
     synced = {path for what, path, _ in calls[:done] if what == "fsync"}
     for i, src, dst in renames:
@@ -73,8 +74,9 @@ SPLIT = ("--tp", "2", "--pp", "2", "--max-part-size", "1MB")
 
 
 @pytest.mark.parametrize("options", [SPLIT, ("--tp", "4")], ids=["same-options", "other-options"])
-def test_a_rerun_after_a_kill_takes_its_own_partial_files(cli, medium_checkpoint: Path, tmp_path: Path,
-                                                          options: tuple[str, ...]) -> None:  # fmt: skip
+def test_a_rerun_after_a_kill_takes_its_own_partial_files(
+    cli, medium_checkpoint: Path, tmp_path: Path, options: tuple[str, ...]
+) -> None:
     out = tmp_path / "out"
     kill_convert_half_way(medium_checkpoint, out, SPLIT)
     assert list(out.glob("*.partial")), "the kill should leave unfinished files behind"
@@ -85,8 +87,9 @@ def test_a_rerun_after_a_kill_takes_its_own_partial_files(cli, medium_checkpoint
 
 
 @pytest.mark.parametrize("name", ["model-rank-0-part-0.safetensors.partial", "config.json.tmp"])
-def test_a_users_partial_or_tmp_file_is_never_written_over(cli, one_line_error, checkpoint, tmp_path: Path,
-                                                           name: str) -> None:  # fmt: skip
+def test_a_users_partial_or_tmp_file_is_never_written_over(
+    cli, one_line_error, checkpoint, tmp_path: Path, name: str
+) -> None:
     out = tmp_path / "out"
     out.mkdir()
     (out / name).write_text("the user's own notes\n")

@@ -17,8 +17,26 @@ BENCH = Path(__file__).parents[2] / "bench" / "kill_resume.py"
 @pytest.mark.slow
 def test_every_resume_after_a_kill_is_byte_identical(tmp_path: Path) -> None:
     out = tmp_path / "result.json"
-    cmd = [sys.executable, str(BENCH), "--work", str(tmp_path / "work"), "--out", str(out), "--preset", "tiny-gqa",
-           "--tp", "2", "--pp", "2", "--max-part-size", "64kB", "--kills", "2", "--seed", "1"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        str(BENCH),
+        "--work",
+        str(tmp_path / "work"),
+        "--out",
+        str(out),
+        "--preset",
+        "tiny-gqa",
+        "--tp",
+        "2",
+        "--pp",
+        "2",
+        "--max-part-size",
+        "64kB",
+        "--kills",
+        "2",
+        "--seed",
+        "1",
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     result = json.loads(out.read_text())
     assert proc.returncode == 0 and result["all_identical"], [t["differences"] for t in result["trials"]]

@@ -86,9 +86,27 @@ def random_f32_bits(n: int) -> np.ndarray:
     """Random float32 patterns, with every exponent class well represented (zeros, subnormals, ties,
     the edge of float16's and bfloat16's range, inf and NaN)."""
     raw = RNG.integers(0, 1 << 32, n, dtype=np.uint64).astype(np.uint32)
-    special = np.array([0, 0x80000000, 1, 0x807FFFFF, 0x3F808000, 0x3F818000, 0x477FF000, 0x477FEFFF, 0x7F7FFFFF,
-                        0x7F7F8000, 0x7F800000, 0xFF800000, 0x7FC00000, 0xFF800001, 0x33000000, 0x33000001],
-                       dtype=np.uint32)  # fmt: skip
+    special = np.array(
+        [
+            0,
+            0x80000000,
+            1,
+            0x807FFFFF,
+            0x3F808000,
+            0x3F818000,
+            0x477FF000,
+            0x477FEFFF,
+            0x7F7FFFFF,
+            0x7F7F8000,
+            0x7F800000,
+            0xFF800000,
+            0x7FC00000,
+            0xFF800001,
+            0x33000000,
+            0x33000001,
+        ],
+        dtype=np.uint32,
+    )
     # exponents near float16's range (2^-25 .. 2^16) so that its subnormals and overflow are hit often
     near = (RNG.integers(102, 144, n // 2, dtype=np.uint32) << 23) | RNG.integers(0, 1 << 23, n // 2, dtype=np.uint32)
     near |= RNG.integers(0, 2, n // 2, dtype=np.uint32) << 31
@@ -106,8 +124,9 @@ def test_every_float16_widens_to_float32_as_ieee_says() -> None:
     sign and payload kept), signalling NaNs included."""
     got = numerics.to_float32(ALL16.astype(np.uint16).view(np.float16), FLOAT16).view(np.uint32)
     nan = is_nan_bits(ALL16.astype(np.uint16), FLOAT16)
-    want = np.array([0 if n else single_bits(half_value(b)) for b, n in zip(ALL16.tolist(), nan.tolist(),
-                                                                             strict=True)], np.uint32)  # fmt: skip
+    want = np.array(
+        [0 if n else single_bits(half_value(b)) for b, n in zip(ALL16.tolist(), nan.tolist(), strict=True)], np.uint32
+    )
     want[nan] = nan_rule(ALL16[nan], FLOAT16, FLOAT32)
     assert nan.sum() == 2 * 1023  # the oracle's own classification: 2 signs x 1023 payloads
     assert not mismatches(got, want, ALL16), mismatches(got, want, ALL16)

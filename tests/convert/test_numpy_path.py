@@ -50,8 +50,12 @@ def torch_cast(x: np.ndarray, src: DType, dst: DType) -> np.ndarray:
 def is_nan_bits(x: np.ndarray, src: DType) -> np.ndarray:
     """NaN inputs, told from the bit patterns alone (IEEE layouts; e4m3fn's NaN is S.1111.111)."""
     bits = x.view(f"u{src.itemsize}").astype(np.uint32)
-    exp_man = {FLOAT32: (0x7F800000, 0x007FFFFF), BFLOAT16: (0x7F80, 0x007F), FLOAT16: (0x7C00, 0x03FF),
-               FLOAT8_E5M2: (0x7C, 0x03)}  # fmt: skip
+    exp_man = {
+        FLOAT32: (0x7F800000, 0x007FFFFF),
+        BFLOAT16: (0x7F80, 0x007F),
+        FLOAT16: (0x7C00, 0x03FF),
+        FLOAT8_E5M2: (0x7C, 0x03),
+    }
     if src == FLOAT8_E4M3:
         return (bits & 0x7F) == 0x7F
     e, m = exp_man[src]
@@ -62,8 +66,9 @@ def nan_rule(bits: np.ndarray, src: DType, dst: DType) -> np.ndarray:
     """Output bits for NaN inputs (uint32 bit patterns of `src`), as numerics.py's docstring states the
     rule (torch's vector loops, F16C): to bfloat16, 0xFFFF from float32 and 0x7FC0 from the narrow
     types; to float32, the float32 a NaN widens to; to float16, sign | quiet | the payload's top bits."""
-    sign16 = {FLOAT32: bits >> 16, BFLOAT16: bits, FLOAT16: bits, FLOAT8_E5M2: bits << 8,
-              FLOAT8_E4M3: bits << 8}[src] & 0x8000  # fmt: skip
+    sign16 = {FLOAT32: bits >> 16, BFLOAT16: bits, FLOAT16: bits, FLOAT8_E5M2: bits << 8, FLOAT8_E4M3: bits << 8}[
+        src
+    ] & 0x8000
     if dst == BFLOAT16:
         return np.full_like(bits, 0xFFFF if src == FLOAT32 else 0x7FC0)
     if src == FLOAT32:
@@ -105,12 +110,34 @@ SPECIAL_F32 = [
     0x3F807FFF,  # just below a tie
     0x3F801000,  # 1 + 2^-11: a float16 tie
     0x3F803000,  # a float16 tie, rounds up
-    0x00000001, 0x80000001, 0x007FFFFF, 0x00400000, 0x00008000, 0x00018000,  # float32 subnormals
-    0x33000000, 0x33000001, 0x387FC000, 0x38800000, 0x337FFFFF,  # around float16's subnormals
-    0x7F7FFFFF, 0x7F7F8000, 0x7F7F7FFF, 0x477FF000, 0x477FEFFF, 0xC77FF000,  # overflow to inf
-    0x7F800000, 0xFF800000, 0x00000000, 0x80000000,  # inf, zeros
-    0x7FC00000, 0xFFC00000, 0x7F800001, 0xFF812345, 0x7FA00000, 0xFFFFFFFF,  # NaN: quiet, signalling
-]  # fmt: skip
+    0x00000001,
+    0x80000001,
+    0x007FFFFF,
+    0x00400000,
+    0x00008000,
+    0x00018000,  # float32 subnormals
+    0x33000000,
+    0x33000001,
+    0x387FC000,
+    0x38800000,
+    0x337FFFFF,  # around float16's subnormals
+    0x7F7FFFFF,
+    0x7F7F8000,
+    0x7F7F7FFF,
+    0x477FF000,
+    0x477FEFFF,
+    0xC77FF000,  # overflow to inf
+    0x7F800000,
+    0xFF800000,
+    0x00000000,
+    0x80000000,  # inf, zeros
+    0x7FC00000,
+    0xFFC00000,
+    0x7F800001,
+    0xFF812345,
+    0x7FA00000,
+    0xFFFFFFFF,  # NaN: quiet, signalling
+]
 
 
 @pytest.mark.parametrize("dst", [BFLOAT16, FLOAT16, FLOAT32], ids=str)

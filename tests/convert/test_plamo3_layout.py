@@ -22,8 +22,14 @@ from plamo2_tools.model.registry import valid_layouts
 from plamo2_tools.model.synth import preset_config
 
 # docs/plamo3.md §3, as literals (not the package's constants).
-OFFSETS = {"pre_mixer_norm": 1.0, "post_mixer_norm": 0.2, "pre_mlp_norm": 1.0, "post_mlp_norm": 1 / 5**1.5,
-           "mixer.q_norm": 1.0, "mixer.k_norm": 1.0}  # fmt: skip
+OFFSETS = {
+    "pre_mixer_norm": 1.0,
+    "post_mixer_norm": 0.2,
+    "pre_mlp_norm": 1.0,
+    "post_mlp_norm": 1 / 5**1.5,
+    "mixer.q_norm": 1.0,
+    "mixer.k_norm": 1.0,
+}
 SCALES = ("_k_scale", "_v_scale", "_q_scale", "_prob_scale")
 
 
@@ -32,8 +38,9 @@ def pad64(n: int) -> int:
 
 
 def expected_rank(hf: dict[str, torch.Tensor], raw: dict, tp: int, pp: int, rank: int) -> dict[str, torch.Tensor]:
-    L, D, H, K, d = (raw[k] for k in ("num_hidden_layers", "hidden_size", "num_attention_heads",
-                                      "num_key_value_heads", "head_dim"))  # fmt: skip
+    L, D, H, K, d = (
+        raw[k] for k in ("num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim")
+    )
     F, V, tied = raw["intermediate_size"], raw["vocab_size"], raw.get("tie_word_embeddings", True)
     r, stage = rank % tp, rank // tp
     counts = vllm_pp_counts(L, pp)
@@ -78,8 +85,12 @@ def _raw(preset: str) -> dict:
     return family_named("plamo3").preset_raw(preset)
 
 
-LAYOUTS = [(p, tp, pp) for p in ("tiny3", "tiny3-mqa", "tiny3-yarn")
-           for tp, pp in valid_layouts(preset_config(p), 8) if pp <= 3]  # fmt: skip
+LAYOUTS = [
+    (p, tp, pp)
+    for p in ("tiny3", "tiny3-mqa", "tiny3-yarn")
+    for tp, pp in valid_layouts(preset_config(p), 8)
+    if pp <= 3
+]
 
 
 @pytest.mark.parametrize("preset, tp, pp", LAYOUTS, ids=[f"{p}-tp{t}-pp{q}" for p, t, q in LAYOUTS])
@@ -96,8 +107,10 @@ def test_every_rank_holds_what_vllm_holds(shards, checkpoint, preset: str, tp: i
             assert g.shape == w.shape, (rank, key, g.shape, w.shape)
             if not torch.equal(g, w.to(g.dtype)):
                 where = (g != w).nonzero()[0].tolist()
-                raise AssertionError(f"rank {rank} {key}{where}: {mark.decode(float(g[tuple(where)]))}, "
-                                     f"expected {mark.decode(float(w[tuple(where)]))}")  # fmt: skip
+                raise AssertionError(
+                    f"rank {rank} {key}{where}: {mark.decode(float(g[tuple(where)]))}, "
+                    f"expected {mark.decode(float(w[tuple(where)]))}"
+                )
 
 
 def test_bf16_shards_fold_offsets_in_the_shard_dtype(shards, checkpoint) -> None:
@@ -106,8 +119,11 @@ def test_bf16_shards_fold_offsets_in_the_shard_dtype(shards, checkpoint) -> None
     out = shards("tiny3", 2, 1, dtype="bfloat16")
     hf = load_hf(checkpoint("tiny3"))  # float32
     rank = load_rank(out, 1)
-    for name, off in (("model.layers.layers.0.post_mlp_norm.weight", 1 / 5**1.5),
-                      ("model.layers.layers.1.mixer.q_norm.weight", 1.0), ("model.norm.weight", 1.0)):  # fmt: skip
+    for name, off in (
+        ("model.layers.layers.0.post_mlp_norm.weight", 1 / 5**1.5),
+        ("model.layers.layers.1.mixer.q_norm.weight", 1.0),
+        ("model.norm.weight", 1.0),
+    ):
         got = rank[name]
         assert got.dtype == torch.bfloat16
         assert torch.equal(got, (hf[name].to(torch.bfloat16).float() + off).to(torch.bfloat16)), name
@@ -167,7 +183,8 @@ def test_planted_layout_bugs_are_caught(bug: str, checkpoint, cli, tmp_path: Pat
     def matches(rank: int) -> bool:
         got, want = load_rank(out, rank), expected_rank(hf, _raw(preset), tp, pp, rank)
         same_keys = sorted(got) == sorted(want)
-        return same_keys and all(got[k].shape == w.shape and torch.equal(got[k], w.to(got[k].dtype))
-                                 for k, w in want.items())  # fmt: skip
+        return same_keys and all(
+            got[k].shape == w.shape and torch.equal(got[k], w.to(got[k].dtype)) for k, w in want.items()
+        )
 
     assert not all(matches(rank) for rank in range(tp * pp)), f"{bug}: the planted bug went unnoticed"

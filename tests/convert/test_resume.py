@@ -51,8 +51,9 @@ def test_resume_after_sigkill(cli, medium_checkpoint: Path, reference: Path, tmp
     _same_output(out, reference)
 
 
-def test_interrupt_in_process_then_resume(cli, medium_checkpoint: Path, reference: Path, tmp_path: Path,
-                                          interrupt) -> None:  # fmt: skip
+def test_interrupt_in_process_then_resume(
+    cli, medium_checkpoint: Path, reference: Path, tmp_path: Path, interrupt
+) -> None:
     """Ctrl-C (KeyboardInterrupt) half way: exit 130, no manifest, no .partial; a rerun resumes."""
     restore = interrupt(engine, "_stream_unit", on_call=10)
     out = tmp_path / "out"
@@ -67,8 +68,9 @@ def test_interrupt_in_process_then_resume(cli, medium_checkpoint: Path, referenc
     _same_output(out, reference)
 
 
-def test_unfinished_run_with_other_options_is_discarded(cli, medium_checkpoint: Path, tmp_path: Path,
-                                                        interrupt) -> None:  # fmt: skip
+def test_unfinished_run_with_other_options_is_discarded(
+    cli, medium_checkpoint: Path, tmp_path: Path, interrupt
+) -> None:
     restore = interrupt(engine, "_stream_unit", on_call=3)
     out = tmp_path / "out"
     cli("convert", medium_checkpoint, out, *SPLIT, expect=130)

@@ -89,9 +89,9 @@ def _capped_sendfile(cap: int) -> Callable[..., int]:
 
 @pytest.mark.parametrize("mode", ["copy_file_range", "sendfile", "user"])
 @pytest.mark.parametrize(("preset", "tp", "pp"), [("tiny-gqa", 2, 2), ("tiny3", 2, 1)])
-def test_every_copy_path_in_many_windows_and_short_copies(cli, checkpoint, tmp_path: Path,
-                                                          monkeypatch: pytest.MonkeyPatch, mode, preset, tp,
-                                                          pp) -> None:  # fmt: skip
+def test_every_copy_path_in_many_windows_and_short_copies(
+    cli, checkpoint, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode, preset, tp, pp
+) -> None:
     """Windows of 3000 bytes (not a multiple of a row, a page or an element pair) and kernel copies
     of at most 1000 bytes: the forced path carries the verbatim bytes, and every tensor equals the
     one re-derived from the source."""
@@ -147,8 +147,9 @@ def _nudge(path: Path, key: str, element: int = 0) -> None:
 
 
 @pytest.mark.parametrize(("key", "allowed"), [("model.layers.layers.0.mixer.A", 1), ("model.norm.weight", 0)])
-def test_one_ulp_is_allowed_only_where_exp_made_the_value(shards, checkpoint, private_copy, key: str,
-                                                          allowed: int) -> None:  # fmt: skip
+def test_one_ulp_is_allowed_only_where_exp_made_the_value(
+    shards, checkpoint, private_copy, key: str, allowed: int
+) -> None:
     """exp is not correctly rounded anywhere (torch, numpy and libm differ by one ulp), so A =
     -exp(A_log) is compared within one ulp; any other tensor one ulp off is a difference."""
     out = private_copy(shards("tiny", 1, 1))

@@ -46,8 +46,11 @@ def test_log_softmax_and_full_kl_equal_torch_and_scipy(seed: int) -> None:
     np.testing.assert_allclose(lp, torch.log_softmax(torch.from_numpy(a), -1).numpy(), rtol=0, atol=1e-12)
     # scipy: Σ rel_entr(p, q); torch: kl_div(input=log q, target=log p, log_target=True)
     want_scipy = scipy.special.rel_entr(np.exp(lp), np.exp(lq)).sum(-1)
-    want_torch = torch.nn.functional.kl_div(torch.from_numpy(lq), torch.from_numpy(lp), reduction="none",
-                                            log_target=True).sum(-1).numpy()  # fmt: skip
+    want_torch = (
+        torch.nn.functional.kl_div(torch.from_numpy(lq), torch.from_numpy(lp), reduction="none", log_target=True)
+        .sum(-1)
+        .numpy()
+    )
     got = kl_full(lp, lq)
     np.testing.assert_allclose(got, want_scipy, rtol=1e-10, atol=1e-12)
     np.testing.assert_allclose(got, want_torch, rtol=1e-10, atol=1e-12)
@@ -125,8 +128,10 @@ def _planted(seed: int, prompts: int = 4, n: int = 20, v: int = 64) -> tuple[lis
 
 
 def _full_scores(refs, tgts, th, nexts=None):
-    return [score_positions(r, (nexts[i] if nexts else np.argmax(r, -1)), th, target_lp=t)
-            for i, (r, t) in enumerate(zip(refs, tgts, strict=True))]  # fmt: skip
+    return [
+        score_positions(r, (nexts[i] if nexts else np.argmax(r, -1)), th, target_lp=t)
+        for i, (r, t) in enumerate(zip(refs, tgts, strict=True))
+    ]
 
 
 def test_planted_divergences_are_named_where_they_are() -> None:
@@ -178,8 +183,10 @@ def test_topk_targets_planted_and_nan() -> None:
     def top_of(t):
         return [dict(sorted(enumerate(row.tolist()), key=lambda x: -x[1])[:k]) for row in t]
 
-    ok = [score_positions(r, nx, FP32, top=top_of(t), target_token_lp=t[np.arange(len(nx)), nx])
-          for r, t, nx in zip(refs, tgts, nexts, strict=True)]  # fmt: skip
+    ok = [
+        score_positions(r, nx, FP32, top=top_of(t), target_token_lp=t[np.arange(len(nx)), nx])
+        for r, t, nx in zip(refs, tgts, nexts, strict=True)
+    ]
     assert not any(s.divergent.any() for s in ok)
     bad_t = tgts[1].copy()
     bad_t[12] = log_softmax(refs[1][12] + np.eye(64)[9] * 25)
@@ -202,4 +209,6 @@ def test_greedy_match_stops_at_the_first_miss() -> None:
 
 def test_jsonable_keeps_non_finite_values_visible() -> None:
     assert jsonable({"a": [1.0, math.inf, -math.inf], "b": {"c": math.nan}}) == {
-        "a": [1.0, "inf", "-inf"], "b": {"c": "nan"}}  # fmt: skip
+        "a": [1.0, "inf", "-inf"],
+        "b": {"c": "nan"},
+    }

@@ -70,7 +70,12 @@ def test_our_server_passes(cli, tiny, monkeypatch) -> None:
     (t,) = result["targets"]
     assert result["passed"] and t["passed"], t["failures"]
     assert (t["kind"], t["mode"], t["kl_kind"], t["top_k"], t["precision"]) == (
-        "server", "teacher-forced + greedy", "top-k", 20, "float32")  # fmt: skip
+        "server",
+        "teacher-forced + greedy",
+        "top-k",
+        20,
+        "float32",
+    )
     assert t["tokenizer"]["checked"] and t["tokenizer"]["equal"]
     r = t["conventions"]["default"]
     assert r["teacher_forced"]["positions"] == sum(result["prompts"]["lengths"]) + 2 * 6 - 2
@@ -98,8 +103,9 @@ def test_server_scoring_is_the_runtimes_bit_for_bit(tiny) -> None:
                 assert sc.top[j] == dict(zip(ids, vals, strict=True)), j
 
 
-def test_the_other_window_convention_is_followed_and_pinning_fails_past_the_window(cli, one_line_error,
-                                                                                   tiny3_vllm) -> None:  # fmt: skip
+def test_the_other_window_convention_is_followed_and_pinning_fails_past_the_window(
+    cli, one_line_error, tiny3_vllm
+) -> None:
     """Unpinned: compared under both conventions, the server follows vllm (a property, not an
     error); under hf it first diverges at position W, the first query that sees W + 1 keys in PFN's
     code.  Pinned to hf: exit 1, one line naming that position."""
@@ -112,8 +118,9 @@ def test_the_other_window_convention_is_followed_and_pinning_fails_past_the_wind
     hf = t["conventions"]["window_convention=hf"]
     assert not hf["passed"]
     assert (hf["first_divergence"]["prompt"], hf["first_divergence"]["position"]) == (0, window)
-    pinned = _verify(cli, server.url, ref, "--target-precision", "float32", "--option", "window_convention=hf",
-                     "--json", expect=1)  # fmt: skip
+    pinned = _verify(
+        cli, server.url, ref, "--target-precision", "float32", "--option", "window_convention=hf", "--json", expect=1
+    )
     line = one_line_error(pinned, 1)  # --json: no progress bar on stderr, the verdict's line alone
     assert f"at prompt 0, position {window} (teacher-forced)" in line and server.url in line
 
@@ -162,8 +169,13 @@ def test_base_urls_as_users_type_them() -> None:
     from plamo2_tools.deploy.server import root_url
     from plamo2_tools.errors import UserError
 
-    for typed in ("http://h:8000", "http://h:8000/", "http://h:8000/v1", "http://h:8000/v1/",
-                  "http://h:8000/v1/completions"):  # fmt: skip
+    for typed in (
+        "http://h:8000",
+        "http://h:8000/",
+        "http://h:8000/v1",
+        "http://h:8000/v1/",
+        "http://h:8000/v1/completions",
+    ):
         assert root_url(typed) == "http://h:8000", typed
     assert root_url("https://gw/team/v1") == "https://gw/team"
     for bad in ("http://", "http://h/v1?key=1"):

@@ -43,8 +43,22 @@ def test_a_broken_layout_is_named_where_it_first_diverges_and_reported(cli, shar
     broken = _swap_q_heads(good, tmp_path / "broken")
     out = tmp_path / "runs" / "verify.json"
     out.parent.mkdir()
-    r = cli("verify", good, broken, "--reference", checkpoint("tiny-gqa", seed=11), "--no-verify", "--random", "2",
-            "--max-new-tokens", "4", "--json", "--output", out, expect=1)  # fmt: skip
+    r = cli(
+        "verify",
+        good,
+        broken,
+        "--reference",
+        checkpoint("tiny-gqa", seed=11),
+        "--no-verify",
+        "--random",
+        "2",
+        "--max-new-tokens",
+        "4",
+        "--json",
+        "--output",
+        out,
+        expect=1,
+    )
     result = json.loads(r.stdout)
     assert json.loads(out.read_text()) == result
     assert (result["kind"], result["schema_version"]) == (VERIFY_TARGETS_KIND, VERIFY_TARGETS_SCHEMA_VERSION)
@@ -74,9 +88,19 @@ def test_a_broken_layout_is_named_where_it_first_diverges_and_reported(cli, shar
 def test_the_report_survives_mangled_results(tmp_path: Path) -> None:
     """A result file edited by hand or cut short renders what it can: no crash, tables intact."""
     base = {"kind": VERIFY_TARGETS_KIND, "schema_version": VERIFY_TARGETS_SCHEMA_VERSION, "passed": False}
-    odd_target = {"location": "a|b", "conventions": {"x": {"positions": [{"positions": [0, 1], "kl": ["inf", "x"],
-                  "logprob_diff": [None, 1e300], "prompt": "p"}], "first_divergence": {"position": "?"}},
-                  "y": 5}, "follows": "none", "tokenizer": [], "failures": ["bad\nline | here"]}  # fmt: skip
+    odd_target = {
+        "location": "a|b",
+        "conventions": {
+            "x": {
+                "positions": [{"positions": [0, 1], "kl": ["inf", "x"], "logprob_diff": [None, 1e300], "prompt": "p"}],
+                "first_divergence": {"position": "?"},
+            },
+            "y": 5,
+        },
+        "follows": "none",
+        "tokenizer": [],
+        "failures": ["bad\nline | here"],
+    }
     for name, targets in {"a.json": [odd_target, 7, None], "b.json": [{}]}.items():
         (tmp_path / name).write_text(json.dumps({**base, "targets": targets}))
     report = build_report([tmp_path], tmp_path / "out" / "r.md", timestamp=False)

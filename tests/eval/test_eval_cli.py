@@ -95,9 +95,29 @@ def test_lm_eval_passthrough_runs_the_plamo2_model(cli, mini_data, shard_dirs, t
     tasks = tmp_path / "tasks"  # written by the command the README names for this
     cli("gsm8k-task", tasks, "--gsm8k-dir", mini_data.files["test"].parent, "--allow-unverified-data")
     shards = shard_dirs["tp1pp1"]
-    cli("lm-eval", "run", "--model", "plamo2", "--model_args", f"pretrained={shards},max_gen_toks=8",
-        "--tasks", "gsm8k", "--include_path", tasks, "--num_fewshot", "1", "--limit", "1", "--batch_size", "2",
-        "--device", "cpu", "--output_path", tmp_path / "out", "--log_samples")  # fmt: skip
+    cli(
+        "lm-eval",
+        "run",
+        "--model",
+        "plamo2",
+        "--model_args",
+        f"pretrained={shards},max_gen_toks=8",
+        "--tasks",
+        "gsm8k",
+        "--include_path",
+        tasks,
+        "--num_fewshot",
+        "1",
+        "--limit",
+        "1",
+        "--batch_size",
+        "2",
+        "--device",
+        "cpu",
+        "--output_path",
+        tmp_path / "out",
+        "--log_samples",
+    )
     directory = tmp_path / "out" / sanitize_model_name(str(shards))
     saved = json.loads(next(directory.glob("results_*.json")).read_text())
     assert saved["config"]["model"] == "plamo2" and saved["config"]["shards"] == str(shards)

@@ -37,8 +37,10 @@ def gen(context: str, idx: int, **kwargs) -> Instance:
 def test_generate_until_ragged_stops_and_sampling_match_static_batches(make_lm, runtime) -> None:
     greedy = {"until": ["w9", "\n\n"], "max_gen_toks": 18}
     sampled = {"until": ["Question:"], "max_gen_toks": 12, "do_sample": True, "temperature": 0.8, "top_p": 0.95}
-    requests = [gen(f"Question: {'y' * n} {n}?\nAnswer:", i, **(sampled if i % 3 == 0 else greedy))
-                for i, n in enumerate((3, 61, 17, 120, 0, 33, 88, 9, 40))]  # fmt: skip
+    requests = [
+        gen(f"Question: {'y' * n} {n}?\nAnswer:", i, **(sampled if i % 3 == 0 else greedy))
+        for i, n in enumerate((3, 61, 17, 120, 0, 33, 88, 9, 40))
+    ]
     one = make_lm(batch_size=1, continuous_batching=False).generate_until(requests)
     spy = SpyRuntime(runtime)
     many = make_lm(runtime=spy, batch_size=2).generate_until(requests)
@@ -84,8 +86,10 @@ def test_generate_until_bar_advances_as_requests_finish(make_lm, runtime, monkey
     spy = CallFlagRuntime(runtime)
     bar = InCallBar(spy)
     monkeypatch.setattr(module, "tqdm", bar)
-    requests = [gen(f"Question: {'z' * n}?\nAnswer:", i, until=["Question:"], max_gen_toks=12)
-                for i, n in enumerate((4, 40, 11, 25, 2, 18))]  # fmt: skip
+    requests = [
+        gen(f"Question: {'z' * n}?\nAnswer:", i, until=["Question:"], max_gen_toks=12)
+        for i, n in enumerate((4, 40, 11, 25, 2, 18))
+    ]
     make_lm(runtime=spy, batch_size=2).generate_until(requests)
     assert len(spy.calls) == 1
     assert bar.updates == [(1, True)] * len(requests)

@@ -54,8 +54,9 @@ def test_stop_strings_cut_at_the_earliest_and_are_excluded(make_lm, spy) -> None
     assert all(len(tokens) < 24 for call in spy.calls for tokens in call[3])  # generation really stopped
 
 
-def test_eos_id_from_generation_config_stops_and_is_not_shown(make_lm, shard_dirs, cli, checkpoint,
-                                                             tmp_path: Path) -> None:  # fmt: skip
+def test_eos_id_from_generation_config_stops_and_is_not_shown(
+    make_lm, shard_dirs, cli, checkpoint, tmp_path: Path
+) -> None:
     base = Runtime(shard_dirs["tp1pp1"], mode="local")
     tokens = base.generate([make_lm().tok_encode(PROMPT)], 24).tokens[0]
     k = next(i for i in range(2, len(tokens)) if tokens[i] not in tokens[:i])  # first occurrence at k >= 2
@@ -85,11 +86,13 @@ def test_eos_text_joins_the_stop_strings() -> None:
 
 def test_token_limits(make_lm, spy) -> None:
     lm = make_lm(runtime=spy)
-    lm.generate_until([
-        gen(PROMPT, 0, until=["@@"]),  # gsm8k sends no max_gen_toks: the default 256 applies
-        gen(PROMPT, 1, until=["@@"], max_gen_toks=7),
-        gen(PROMPT, 2, until=["@@"], max_new_tokens=5),  # HF's alias
-    ])  # fmt: skip
+    lm.generate_until(
+        [
+            gen(PROMPT, 0, until=["@@"]),  # gsm8k sends no max_gen_toks: the default 256 applies
+            gen(PROMPT, 1, until=["@@"], max_gen_toks=7),
+            gen(PROMPT, 2, until=["@@"], max_new_tokens=5),  # HF's alias
+        ]
+    )
     limits = sorted((call[1], len(call[3][0])) for call in spy.calls)
     assert limits == [(5, 5), (7, 7), (256, 256)]
     spy.calls.clear()
@@ -111,8 +114,10 @@ def test_batches_restore_input_order_and_match_batch_size_one(make_lm) -> None:
     texts of one-at-a-time generation, in input order (no padding leaks into the Mamba state)."""
     short = {"until": [], "max_gen_toks": 12}
     stopping = {"until": ["w9"], "max_gen_toks": 20}
-    requests = [gen(f"Question: {'x' * n} {n}?\nAnswer:", i, **(short if i % 2 else stopping))
-                for i, n in enumerate((3, 61, 17, 120, 0, 33, 88, 9))]  # fmt: skip
+    requests = [
+        gen(f"Question: {'x' * n} {n}?\nAnswer:", i, **(short if i % 2 else stopping))
+        for i, n in enumerate((3, 61, 17, 120, 0, 33, 88, 9))
+    ]
     one = make_lm(batch_size=1).generate_until(requests)
     four = make_lm(batch_size=4).generate_until(requests)
     assert four == one

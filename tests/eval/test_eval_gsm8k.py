@@ -83,8 +83,9 @@ def test_task_config_changes_only_the_dataset(mini_data) -> None:
 
 
 def request_for(shards: Path, mini_data, out: Path | None, **kwargs) -> EvalRequest:
-    return EvalRequest(shards=str(shards), data=mini_data.to_dict(), output_path=str(out) if out else None,
-                       bootstrap_iters=0, **kwargs)  # fmt: skip
+    return EvalRequest(
+        shards=str(shards), data=mini_data.to_dict(), output_path=str(out) if out else None, bootstrap_iters=0, **kwargs
+    )
 
 
 def rows(outcome) -> list[tuple[int, str, list, list]]:
@@ -116,8 +117,9 @@ def test_tp1pp1_and_tp2pp2_give_identical_results(shard_dirs, mini_data, tmp_pat
 
 
 def test_launch_on_four_gloo_ranks_matches_in_process(shard_dirs, mini_data, tmp_path: Path) -> None:
-    request = request_for(shard_dirs["tp2pp2"], mini_data, tmp_path / "out", num_fewshot=2, limit=3,
-                          batch_size=2, max_gen_toks=48)  # fmt: skip
+    request = request_for(
+        shard_dirs["tp2pp2"], mini_data, tmp_path / "out", num_fewshot=2, limit=3, batch_size=2, max_gen_toks=48
+    )
     launched = run_eval(request, launch=True)
     local = run_eval(request)
     assert launched.launched and not local.launched

@@ -9,8 +9,16 @@ from plamo2_tools.eval.harness import EvalRequest, run_eval
 
 
 def _responses(shards_dir: Path, mini_data, tmp_path: Path, **options: str) -> tuple[list[str], dict]:
-    request = EvalRequest(shards=str(shards_dir), data=mini_data.to_dict(), num_fewshot=2, limit=3, max_gen_toks=24,
-                          bootstrap_iters=0, output_path=None, forward_options=dict(options))  # fmt: skip
+    request = EvalRequest(
+        shards=str(shards_dir),
+        data=mini_data.to_dict(),
+        num_fewshot=2,
+        limit=3,
+        max_gen_toks=24,
+        bootstrap_iters=0,
+        output_path=None,
+        forward_options=dict(options),
+    )
     outcome = run_eval(request)
     assert outcome is not None
     rows = outcome.samples["gsm8k"]
@@ -44,8 +52,22 @@ def test_the_command_carries_the_family_option_into_the_answers(cli, shards, min
     from lm_eval.utils import sanitize_model_name
 
     path = shards("tiny3", 2, 1, seed=5)
-    args = [path, "--tasks", "gsm8k", "--gsm8k-dir", MINI_GSM8K, "--allow-unverified-data", "--num-fewshot", 2,
-            "--limit", 3, "--max-gen-toks", 24, "--bootstrap-iters", 0]  # fmt: skip
+    args = [
+        path,
+        "--tasks",
+        "gsm8k",
+        "--gsm8k-dir",
+        MINI_GSM8K,
+        "--allow-unverified-data",
+        "--num-fewshot",
+        2,
+        "--limit",
+        3,
+        "--max-gen-toks",
+        24,
+        "--bootstrap-iters",
+        0,
+    ]
 
     def command(*extra: object) -> tuple[list[str], dict]:
         out = tmp_path / f"out{len(list(tmp_path.iterdir()))}"

@@ -27,12 +27,21 @@ from plamo2_tools.eval.harness import EvalRequest, evaluate_model, run_eval
 
 def request_for(shards: Path) -> EvalRequest:
     data = load_gsm8k_data(MINI_GSM8K, allow_unverified=True)
-    return EvalRequest(shards=str(shards), data=data.to_dict(), limit=2, num_fewshot=1, batch_size=2, max_gen_toks=3,
-                       bootstrap_iters=0, log_samples=False)  # fmt: skip
+    return EvalRequest(
+        shards=str(shards),
+        data=data.to_dict(),
+        limit=2,
+        num_fewshot=1,
+        batch_size=2,
+        max_gen_toks=3,
+        bootstrap_iters=0,
+        log_samples=False,
+    )
 
 
-def test_env_info_is_the_same_text_asked_for_at_the_start(make_lm, shard_dirs, tmp_path: Path,
-                                                          monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_env_info_is_the_same_text_asked_for_at_the_start(
+    make_lm, shard_dirs, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A spy on torch's function records when it is called; the model's generate records when it
     starts.  The text in the results is what the function returned."""
     events: list[tuple[str, float]] = []

@@ -43,8 +43,9 @@ def convert_with_llama_cpp(jobs: list[tuple[Path, str, Path]]) -> None:
     """Run llama.cpp's convert_hf_to_gguf.py (the vendored tree, its vendored gguf-py) on every
     (checkpoint, outtype, outfile), in one process (its imports take most of the time)."""
     specs = [f"{model}::{outtype}::{out}" for model, outtype, out in jobs]
-    proc = subprocess.run([sys.executable, "-c", _DRIVER, str(TREE), *specs], capture_output=True, text=True,
-                          timeout=1800)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-c", _DRIVER, str(TREE), *specs], capture_output=True, text=True, timeout=1800
+    )
     if proc.returncode != 0:
         raise AssertionError(f"llama.cpp's converter failed:\n{proc.stderr[-3000:]}")
 

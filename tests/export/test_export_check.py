@@ -106,8 +106,9 @@ def test_a_sound_export_passes(fmt: str, exports, cli, tmp_path: Path) -> None: 
 
 
 @pytest.mark.parametrize(("fmt", "name", "byte", "mask"), TAMPERS)
-def test_one_changed_byte_is_found(fmt: str, name: str, byte: int, mask: int, exports, cli, one_line_error,
-                                   tmp_path: Path) -> None:  # fmt: skip  # noqa: ANN001
+def test_one_changed_byte_is_found(
+    fmt: str, name: str, byte: int, mask: int, exports, cli, one_line_error, tmp_path: Path
+) -> None:  # noqa: ANN001
     out, src = copy_of(exports, fmt, tmp_path)
     flip(out / "model.safetensors", name, byte, mask)
     line = one_line_error(cli("check", out, "--source", src, expect=1), 1)
@@ -145,8 +146,10 @@ def test_the_independent_checks_see_a_wrong_scale(exports, tmp_path: Path) -> No
     """A scale's exponent changed: besides the byte comparison, MLX's own dequantize and compressed-tensors' own
     dequantize each put the weight more than one quantization step from the source."""
     pytest.importorskip("mlx.core")
-    for fmt, scale in (("mlx", "model.layers.layers.1.mixer.o_proj.scales"),
-                       ("fp8", "model.layers.layers.1.mixer.o_proj.weight_scale")):  # fmt: skip
+    for fmt, scale in (
+        ("mlx", "model.layers.layers.1.mixer.o_proj.scales"),
+        ("fp8", "model.layers.layers.1.mixer.o_proj.weight_scale"),
+    ):
         out, src = copy_of(exports, fmt, tmp_path / fmt)
         flip(out / "model.safetensors", scale, 1, 0x04)  # bfloat16's high byte: an exponent bit
         report = check_export(out, src)

@@ -40,7 +40,7 @@ def test_a_complete_export_with_llm_compressors_config_and_its_measured_figures(
             "special_tokens_map.json",
             "tokenizer.jsonl",
             "tokenizer_config.json",
-        ]  # fmt: skip
+        ]
     )
     config = json.loads((out / "config.json").read_text())
     source_config = json.loads((src / "config.json").read_text())
@@ -150,8 +150,9 @@ def test_a_second_writer_is_refused_while_the_first_holds_out(cli, checkpoint, o
         lock.release()
 
 
-def test_an_interrupted_export_looks_unfinished_and_the_same_command_redoes_it(cli, checkpoint, interrupt,
-                                                                                 tmp_path) -> None:  # fmt: skip
+def test_an_interrupted_export_looks_unfinished_and_the_same_command_redoes_it(
+    cli, checkpoint, interrupt, tmp_path
+) -> None:
     src, out = checkpoint("tiny3"), tmp_path / "fp8"
     restore = interrupt(export_module, "quantize_rows", on_call=3)
     r = cli("export", "fp8", src, out, "--no-verify", "--workers", "1", expect=130)
@@ -171,8 +172,9 @@ def test_a_quantized_source_is_refused(cli, checkpoint, one_line_error, tmp_path
     assert "already quantized" in line
 
 
-def test_non_finite_weights_are_refused_naming_tensor_and_row(cli, checkpoint, private_copy, one_line_error,
-                                                              tmp_path) -> None:  # fmt: skip
+def test_non_finite_weights_are_refused_naming_tensor_and_row(
+    cli, checkpoint, private_copy, one_line_error, tmp_path
+) -> None:
     """Shown to fail: without `_check_finite` the row's scale becomes inf and the export completes (exit 0)."""
     src = private_copy(checkpoint("tiny3"))
     path = src / "model.safetensors"
@@ -212,7 +214,7 @@ def test_not_enough_disk_is_refused_before_writing(cli, checkpoint, monkeypatch,
         ["--verify-tokens", "0"],
         ["--max-kl", "nan"],
         ["--max-part-size", "lots"],
-    ],  # fmt: skip
+    ],
 )
 def test_bad_options_are_one_line(args, cli, checkpoint, one_line_error, tmp_path) -> None:
     one_line_error(cli("export", "fp8", checkpoint("tiny3"), tmp_path / "fp8", *args, expect=2), 2)

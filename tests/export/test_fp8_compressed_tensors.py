@@ -68,8 +68,13 @@ def compressed_tensors_quantize(w: torch.Tensor) -> dict[str, torch.Tensor]:
 def crafted_rows(dtype: DType, rng: np.random.Generator) -> np.ndarray:
     """Rows that exercise every branch: ordinary, zero, subnormal-sized, negative-dominated, huge, exact ties."""
     cols = 48
-    rows = [rng.normal(0, 0.02, cols), np.zeros(cols), rng.normal(0, 1e-40, cols), -np.abs(rng.normal(0, 3, cols)),
-            rng.normal(0, 1e30, cols) if dtype != FLOAT16 else rng.normal(0, 3e3, cols)]  # fmt: skip
+    rows = [
+        rng.normal(0, 0.02, cols),
+        np.zeros(cols),
+        rng.normal(0, 1e-40, cols),
+        -np.abs(rng.normal(0, 3, cols)),
+        rng.normal(0, 1e30, cols) if dtype != FLOAT16 else rng.normal(0, 3e3, cols),
+    ]
     # Ties: amax 448 * 2^-k makes the scale exactly 2^-k, and values halfway between two e4m3fn neighbours
     # (times the scale) then divide exactly onto the tie.
     for k in (0, 3, 7):
@@ -106,8 +111,11 @@ def skeleton(tensors: dict[str, torch.Tensor]) -> torch.nn.Module:
         path, leaf = name.rsplit(".", 1)
         if leaf == "weight" and t.ndim == 2:
             owner, _, last = path.rpartition(".")
-            layer = (torch.nn.Embedding(t.shape[0], t.shape[1], dtype=t.dtype) if last == "embed_tokens" else
-                     torch.nn.Linear(t.shape[1], t.shape[0], bias=False, dtype=t.dtype))  # fmt: skip
+            layer = (
+                torch.nn.Embedding(t.shape[0], t.shape[1], dtype=t.dtype)
+                if last == "embed_tokens"
+                else torch.nn.Linear(t.shape[1], t.shape[0], bias=False, dtype=t.dtype)
+            )
             container(owner).add_module(last, layer)
         else:
             container(path).register_parameter(leaf, torch.nn.Parameter(torch.zeros_like(t), requires_grad=False))
@@ -121,8 +129,13 @@ def source_tensors(ckpt: Path) -> dict[str, torch.Tensor]:
     return out
 
 
-CASES = [("tiny3", "bfloat16"), ("tiny3-mqa", "float32"), ("tiny3-yarn", "float16"), ("tiny", "bfloat16"),
-         ("tiny-gqa", "float32")]  # fmt: skip
+CASES = [
+    ("tiny3", "bfloat16"),
+    ("tiny3-mqa", "float32"),
+    ("tiny3-yarn", "float16"),
+    ("tiny", "bfloat16"),
+    ("tiny-gqa", "float32"),
+]
 
 
 @pytest.mark.parametrize(("preset", "dtype"), CASES)
@@ -180,13 +193,20 @@ def test_quantization_config_is_what_llm_compressor_writes() -> None:
     scheme.format = "float-quantized"  # compress_module -> infer_module_format
     ignore = ["lm_head", "model.embed_tokens"]
     status = QuantizationStatus.COMPRESSED
-    config = QuantizationConfig(config_groups={"FP8_DYNAMIC": scheme}, ignore=ignore, quantization_status=status,
-                                format="float-quantized")  # fmt: skip
+    config = QuantizationConfig(
+        config_groups={"FP8_DYNAMIC": scheme}, ignore=ignore, quantization_status=status, format="float-quantized"
+    )
     theirs = {"version": "0.19.0", "quant_method": "compressed-tensors", "transform_config": {}, **config.model_dump()}
     theirs.pop("moe_sparsity_config")
     ours = quantization_config(ignore)
-    dropped_by_0_20 = {"actorder": None, "block_structure": None, "observer": None, "observer_kwargs": {},
-                       "scale_dtype": None, "zp_dtype": None}  # fmt: skip
+    dropped_by_0_20 = {
+        "actorder": None,
+        "block_structure": None,
+        "observer": None,
+        "observer_kwargs": {},
+        "scale_dtype": None,
+        "zp_dtype": None,
+    }
     for args in ("weights", "input_activations"):
         assert {k: ours["config_groups"]["FP8_DYNAMIC"][args][k] for k in dropped_by_0_20} == dropped_by_0_20
         theirs["config_groups"]["FP8_DYNAMIC"][args].update(dropped_by_0_20)

@@ -43,8 +43,9 @@ def e4m3fn_boundaries() -> np.ndarray:
     finite = np.unique(values[np.isfinite(values)])
     mids = ((finite[:-1].astype(np.float64) + finite[1:]) / 2).astype(np.float32)
     up, down = np.nextafter(mids, np.float32(np.inf)), np.nextafter(mids, np.float32(-np.inf))
-    edge = np.float32([448, 448.5, 463.99, 464, 464.01, 479, 480, 1e4, 3.4e38, np.inf, 2.0**-10, 2.0**-12, 1e-45,
-                       np.nan])  # fmt: skip
+    edge = np.float32(
+        [448, 448.5, 463.99, 464, 464.01, 479, 480, 1e4, 3.4e38, np.inf, 2.0**-10, 2.0**-12, 1e-45, np.nan]
+    )
     out = np.concatenate([finite, mids, up, down, edge])
     return np.concatenate([out, -out])
 

@@ -33,10 +33,16 @@ OURS = {"plamo2_tools.export", "tokenizer.ggml.add_bos_token"}
 # (preset, source dtype, files): both families, float32 and bfloat16 sources (a float16 one too:
 # the converter keeps float16 through its transforms), a checkpoint split over two files.
 SOURCES = [
-    ("tiny", None, 1), ("tiny-gqa", None, 1), ("tiny-2.1", "bfloat16", 1), ("tiny-edge", None, 1),
-    ("tiny", "float16", 1), ("tiny3", None, 1), ("tiny3", "bfloat16", 2), ("tiny3-mqa", None, 1),
+    ("tiny", None, 1),
+    ("tiny-gqa", None, 1),
+    ("tiny-2.1", "bfloat16", 1),
+    ("tiny-edge", None, 1),
+    ("tiny", "float16", 1),
+    ("tiny3", None, 1),
+    ("tiny3", "bfloat16", 2),
+    ("tiny3-mqa", None, 1),
     ("tiny3-yarn", None, 1),
-]  # fmt: skip
+]
 TYPES = ("f32", "f16", "bf16", "q8_0")
 
 

@@ -63,8 +63,9 @@ SEQS = [[1, 17, 230, 5, 99, 290, 7, 300, 12, 250, 33, 8, 111, 222, 3, 9, 60, 61,
 
 
 @needs_converter
-@pytest.mark.parametrize(("preset", "kind"), [("tiny3", "f32"), ("tiny3-yarn", "q8_0"), ("tiny", "f32"),
-                                              ("tiny-2.1", "bf16")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("preset", "kind"), [("tiny3", "f32"), ("tiny3-yarn", "q8_0"), ("tiny", "f32"), ("tiny-2.1", "bf16")]
+)
 def test_llama_cpp_logits_on_ours_equal_its_own_file(checkpoint, tmp_path, preset: str, kind: str) -> None:
     src = checkpoint(preset)
     theirs, ours = tmp_path / "theirs.gguf", tmp_path / "ours.gguf"
@@ -157,8 +158,18 @@ def test_quantized_exports_state_their_kl_and_a_bad_recipe_is_flagged(cli, check
     assert v["precision"] == "quantized" and v["runtime"]["precision"] == "q8_0"
     assert json.loads(side_file(out).read_text())["verify"]["mean_kl"] == v["mean_kl"]
     bad = tmp_path / "bad.gguf"
-    r = cli("export", "gguf", checkpoint("tiny3"), bad, "--type", "f32", "--tensor-type", "ffn_down=q4_0", "--json",
-            expect=1)  # fmt: skip
+    r = cli(
+        "export",
+        "gguf",
+        checkpoint("tiny3"),
+        bad,
+        "--type",
+        "f32",
+        "--tensor-type",
+        "ffn_down=q4_0",
+        "--json",
+        expect=1,
+    )
     summary = json.loads(r.stdout)
     assert summary["tensor_types"] == ["ffn_down=q4_0"] and summary["verify"]["verdict"] == "diverges"
     assert summary["verify"]["precision"] == "float32"  # the file type the GGUF declares picks the thresholds
@@ -208,8 +219,13 @@ def test_layer_types_without_a_period_are_written_per_layer(cli, checkpoint, pri
     src = private_copy(checkpoint("tiny3-yarn"))
     config = json.loads((src / "config.json").read_text())
     config.pop("sliding_window_pattern", None)
-    config["layer_types"] = ["sliding_attention", "sliding_attention", "full_attention", "sliding_attention",
-                             "full_attention"]  # fmt: skip
+    config["layer_types"] = [
+        "sliding_attention",
+        "sliding_attention",
+        "full_attention",
+        "sliding_attention",
+        "full_attention",
+    ]
     (src / "config.json").write_text(json.dumps(config))
     (tmp_path / "out").mkdir()
     out = tmp_path / "out" / "m.gguf"

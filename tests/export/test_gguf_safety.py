@@ -122,8 +122,9 @@ def test_a_small_filesystem_is_refused_before_writing(checkpoint, tmp_path, one_
     assert len(lines) == 2 and lines[0].startswith("error:") and "not enough disk space" in lines[0], r.stderr
 
 
-def test_a_source_file_linked_outside_the_source_is_refused(cli, checkpoint, private_copy, tmp_path,
-                                                             one_line_error) -> None:  # fmt: skip
+def test_a_source_file_linked_outside_the_source_is_refused(
+    cli, checkpoint, private_copy, tmp_path, one_line_error
+) -> None:
     src = private_copy(checkpoint("tiny3"))
     outside = tmp_path / "elsewhere.jsonl"
     outside.write_bytes((src / "tokenizer.jsonl").read_bytes())
@@ -192,8 +193,9 @@ def test_check_of_a_gguf_needs_the_source(cli, checkpoint, tmp_path, one_line_er
     assert "--source" in one_line_error(cli("check", out, expect=2), 2)
 
 
-def test_a_vocabulary_piece_that_is_not_unicode_is_one_line(cli, checkpoint, private_copy, tmp_path,
-                                                             one_line_error) -> None:  # fmt: skip
+def test_a_vocabulary_piece_that_is_not_unicode_is_one_line(
+    cli, checkpoint, private_copy, tmp_path, one_line_error
+) -> None:
     """JSON allows a lone surrogate ("\\ud800"), UTF-8 cannot hold it (llama.cpp's converter crashes
     on it).  Seen failing (exit 70, a traceback) before the check."""
     src = private_copy(checkpoint("tiny3"))

@@ -50,9 +50,27 @@ def test_llama_perplexity_scores_a_gguf_against_our_base_file(cli, checkpoint, t
     cli("kld-base", src, base, "--text", text, "--ctx", N_CTX, "--chunks", 4)
     # -fa off: llama-perplexity's default (auto) turns flash attention on, whose F16 attention moves the
     # mean KLD by ~1e-4 from what llama-cpp-python (flash attention off) gives on the same chunks.
-    proc = subprocess.run([str(TOOLS / "llama-perplexity"), "-m", str(model), "--kl-divergence-base", str(base),
-                           "--kl-divergence", "-c", str(N_CTX), "-b", str(N_CTX), "-t", "1", "-fa", "off"],
-                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    proc = subprocess.run(
+        [
+            str(TOOLS / "llama-perplexity"),
+            "-m",
+            str(model),
+            "--kl-divergence-base",
+            str(base),
+            "--kl-divergence",
+            "-c",
+            str(N_CTX),
+            "-b",
+            str(N_CTX),
+            "-t",
+            "1",
+            "-fa",
+            "off",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     report = read_kld_report(proc.stdout + proc.stderr)
     # What llama-perplexity computed, computed here from the same distributions.

@@ -30,8 +30,9 @@ def test_the_plamo2_recipe_keeps_ssm_out_in_f16(checkpoint, tmp_path) -> None:
 
 def test_rules_first_match_wins_and_fallback_is_noted(checkpoint, tmp_path) -> None:
     out = tmp_path / "m.gguf"
-    result = export_gguf(checkpoint("tiny-edge"), out, "q8_0", ["ssm_out=f16", "ssm_=q8_0", "ffn_up=bf16"],
-                         verify=False)  # fmt: skip
+    result = export_gguf(
+        checkpoint("tiny-edge"), out, "q8_0", ["ssm_out=f16", "ssm_=q8_0", "ffn_up=bf16"], verify=False
+    )
     tensors = gguf_tensors(out)
     assert tensors["blk.0.ssm_out.weight"][0] == "F16"
     assert tensors["blk.0.ssm_in.weight"][0] == "F16"  # hidden 48: rows do not split into 32-blocks

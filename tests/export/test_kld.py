@@ -116,8 +116,11 @@ def test_rows_hold_the_reference_log_probabilities(base) -> None:
 def test_a_damaged_base_file_is_one_line(base, tmp_path) -> None:
     _, out, _ = base
     data = out.read_bytes()
-    for name, body, says in (("short", data[:10], "truncated"), ("magic", b"_logitz_" + data[8:], "magic"),
-                             ("cut", data[:-2], "bytes, but its header")):  # fmt: skip
+    for name, body, says in (
+        ("short", data[:10], "truncated"),
+        ("magic", b"_logitz_" + data[8:], "magic"),
+        ("cut", data[:-2], "bytes, but its header"),
+    ):
         bad = tmp_path / name
         bad.write_bytes(body)
         with pytest.raises(CheckpointError, match=says):

@@ -26,8 +26,12 @@ pytestmark = pytest.mark.mlx
 
 WIDE = {"attention_window_size": 4096}  # PLaMo 2 with no window mlx-lm could miss on these prompts
 # PLaMo 3 in the transformers-v5 form (rope_parameters per layer type, no flat keys), without YaRN.
-V5_PLAIN = {"rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 10000.0},
-                                "sliding_attention": {"rope_type": "default", "rope_theta": 50.0}}}  # fmt: skip
+V5_PLAIN = {
+    "rope_parameters": {
+        "full_attention": {"rope_type": "default", "rope_theta": 10000.0},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 50.0},
+    }
+}
 
 
 def export(cli, src: Path, out: Path, *args: object, expect: int = 0) -> dict:  # noqa: ANN001
@@ -68,8 +72,9 @@ def test_loads_with_mlx_lm_load(cli, plamo_checkpoint, tmp_path: Path, preset: s
     assert tokenizer.encode(text) == load_native(src)(text)["input_ids"]
 
 
-@pytest.mark.parametrize(("preset", "overrides"),
-                         [("tiny", WIDE), ("tiny3", {}), ("tiny3-mqa", {}), ("tiny3-yarn", V5_PLAIN)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("preset", "overrides"), [("tiny", WIDE), ("tiny3", {}), ("tiny3-mqa", {}), ("tiny3-yarn", V5_PLAIN)]
+)
 def test_float32_logits_equal_the_reference(
     cli, plamo_checkpoint, tmp_path: Path, preset: str, overrides: dict
 ) -> None:  # noqa: ANN001, E501
@@ -94,8 +99,9 @@ def test_float32_logits_equal_the_reference(
         assert np.abs(s.logprobs - r).max() <= 1e-4 * np.abs(r).max()
 
 
-def test_the_dt_clamp_is_the_difference_left_on_tiny_gqa(cli, plamo_checkpoint, tmp_path: Path,
-                                                        monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip  # noqa: ANN001
+def test_the_dt_clamp_is_the_difference_left_on_tiny_gqa(
+    cli, plamo_checkpoint, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:  # noqa: ANN001
     """tiny-gqa with RoPE base 10000 and a wide window still differs from the reference: mlx-lm
     clamps the Mamba time step to [0.001, 100] (ssm_update's default) and synth's dt leaves that
     range.  Run with the clamp lifted (what PFN's loader does: time_step_limit=(0, inf)) the same
@@ -114,8 +120,10 @@ def test_the_dt_clamp_is_the_difference_left_on_tiny_gqa(cli, plamo_checkpoint, 
     refs = reference_logprobs(src, prompts)
 
     def max_kl() -> float:
-        return max(float((np.exp(r[: len(p) - 1]) * (r[: len(p) - 1] - s.logprobs)).sum(-1).max())
-                   for p, s, r in zip(prompts, target.score(prompts), refs, strict=True))  # fmt: skip
+        return max(
+            float((np.exp(r[: len(p) - 1]) * (r[: len(p) - 1] - s.logprobs)).sum(-1).max())
+            for p, s, r in zip(prompts, target.score(prompts), refs, strict=True)
+        )
 
     stock = max_kl()
     real = ssm.ssm_update
@@ -134,14 +142,18 @@ def _load(path: Path) -> dict:
     return out
 
 
-@pytest.mark.parametrize(("preset", "dtype", "args"), [
-    ("tiny", "float32", ("--bits", 4, "--group-size", 32)),
-    ("tiny", "bfloat16", ("--bits", 8, "--mixed")),
-    ("tiny-gqa", "float32", ("--bits", 4, "--mixed", "--group-size", 32, "--dtype", "float16")),
-    ("tiny3-mqa", "bfloat16", ("--bits", 4, "--group-size", 32, "--max-part-size", "20kB")),
-])  # fmt: skip
-def test_quantized_tensors_are_mlx_quantize_of_the_source(cli, plamo_checkpoint, tmp_path: Path, preset: str,
-                                                          dtype: str, args: tuple) -> None:  # fmt: skip  # noqa: ANN001
+@pytest.mark.parametrize(
+    ("preset", "dtype", "args"),
+    [
+        ("tiny", "float32", ("--bits", 4, "--group-size", 32)),
+        ("tiny", "bfloat16", ("--bits", 8, "--mixed")),
+        ("tiny-gqa", "float32", ("--bits", 4, "--mixed", "--group-size", 32, "--dtype", "float16")),
+        ("tiny3-mqa", "bfloat16", ("--bits", 4, "--group-size", 32, "--max-part-size", "20kB")),
+    ],
+)
+def test_quantized_tensors_are_mlx_quantize_of_the_source(
+    cli, plamo_checkpoint, tmp_path: Path, preset: str, dtype: str, args: tuple
+) -> None:  # noqa: ANN001
     """Every exported tensor re-derived with MLX from the source file (read by mx.load, cast with
     MLX's astype, quantized by mx.quantize with the group size and bits the config gives that
     module): the bytes are equal; every unquantized one equals the source's bytes."""
@@ -213,8 +225,7 @@ def test_an_exact_export_passes_and_records_its_figures(cli, plamo_checkpoint, t
     assert t["info"]["versions"]["mlx_lm"] == "0.32.2" and t["kind"] == "mlx"
 
 
-def test_rope_base_difference_is_found_at_position_1(cli, plamo_checkpoint, tmp_path: Path,
-                                                       one_line_error) -> None:  # fmt: skip  # noqa: ANN001
+def test_rope_base_difference_is_found_at_position_1(cli, plamo_checkpoint, tmp_path: Path, one_line_error) -> None:  # noqa: ANN001
     """mlx-lm 0.32.2's PLaMo 2 uses RoPE base 10000 whatever rope_theta says: tiny-gqa (1e6) with a
     wide window diverges at position 1 (position 0 attends to itself only, where RoPE cancels);
     the same checkpoint with rope_theta 10000 passes (test_float32_logits_equal_the_reference)."""
@@ -244,8 +255,9 @@ def test_missing_sliding_window_diverges_just_past_the_window(cli, plamo_checkpo
     assert all(lengths[p] > 14 for p in firsts)
 
 
-def test_a_geometry_mlx_lm_cannot_run_is_a_failed_verification(cli, plamo_checkpoint, tmp_path: Path,
-                                                                 one_line_error) -> None:  # fmt: skip  # noqa: ANN001
+def test_a_geometry_mlx_lm_cannot_run_is_a_failed_verification(
+    cli, plamo_checkpoint, tmp_path: Path, one_line_error
+) -> None:  # noqa: ANN001
     """tiny-edge (2 layers, mamba_step 5): mlx-lm's decoder indexes its caches at mamba_step // 2."""
     out = tmp_path / "mlx"
     r = cli("export", "mlx", plamo_checkpoint("tiny-edge"), out, "--json", expect=1)
@@ -300,8 +312,9 @@ def test_a_planted_bad_recipe_is_flagged(plamo_checkpoint, tmp_path: Path) -> No
         figures[name] = record["verification"]
     assert figures["clean"]["passed"], figures["clean"]["summary"]
     assert not figures["planted"]["passed"], figures["planted"]["summary"]
-    clean, planted = (figures[k]["targets"][0]["conventions"]["default"]["teacher_forced"]["mean_kl"]
-                      for k in ("clean", "planted"))  # fmt: skip
+    clean, planted = (
+        figures[k]["targets"][0]["conventions"]["default"]["teacher_forced"]["mean_kl"] for k in ("clean", "planted")
+    )
     assert planted > 10 * clean
 
 

@@ -33,10 +33,12 @@ def test_a_foreign_file_in_out_is_never_replaced(cli, checkpoint, tmp_path: Path
     assert (out / "model.safetensors").read_text() == "mine"
 
 
-@pytest.mark.parametrize("planted", ["model.safetensors", "model.safetensors.partial", "config.json",
-                                     "config.json.tmp", "tokenizer.jsonl"])  # fmt: skip
-def test_a_planted_link_is_refused_and_its_target_untouched(cli, checkpoint, tmp_path: Path, one_line_error,
-                                                              planted: str) -> None:  # fmt: skip  # noqa: ANN001
+@pytest.mark.parametrize(
+    "planted", ["model.safetensors", "model.safetensors.partial", "config.json", "config.json.tmp", "tokenizer.jsonl"]
+)
+def test_a_planted_link_is_refused_and_its_target_untouched(
+    cli, checkpoint, tmp_path: Path, one_line_error, planted: str
+) -> None:  # noqa: ANN001
     victim = tmp_path / "victim.txt"
     victim.write_text("precious")
     out = tmp_path / "mlx"
@@ -77,8 +79,9 @@ def test_force_replaces_only_what_export_wrote(cli, checkpoint, tmp_path: Path) 
     assert json.loads((out / RECORD_NAME).read_text())["status"] == "complete"
 
 
-def test_an_interrupted_export_does_not_look_complete_and_is_redone(cli, checkpoint, tmp_path: Path, interrupt,
-                                                                      one_line_error) -> None:  # fmt: skip  # noqa: ANN001
+def test_an_interrupted_export_does_not_look_complete_and_is_redone(
+    cli, checkpoint, tmp_path: Path, interrupt, one_line_error
+) -> None:  # noqa: ANN001
     out = tmp_path / "mlx"
     restore = interrupt(export_mlx_module, "write_file", on_call=2)
     r = cli("export", "mlx", checkpoint("tiny"), out, "--no-verify", "--max-part-size", "100kB", "--json", expect=130)
@@ -92,8 +95,9 @@ def test_an_interrupted_export_does_not_look_complete_and_is_redone(cli, checkpo
 
 
 @pytest.mark.mlx
-def test_an_interrupted_verification_takes_config_json_away(cli, checkpoint, tmp_path: Path, interrupt,
-                                                              one_line_error) -> None:  # fmt: skip  # noqa: ANN001
+def test_an_interrupted_verification_takes_config_json_away(
+    cli, checkpoint, tmp_path: Path, interrupt, one_line_error
+) -> None:  # noqa: ANN001
     from plamo2_tools.deploy.mlx import MLXTarget
     from plamo2_tools.errors import CheckpointError
     from plamo2_tools.export import verified
@@ -117,13 +121,16 @@ def test_a_second_writer_is_refused(cli, checkpoint, tmp_path: Path, one_line_er
     assert "export mlx" in line
 
 
-@pytest.mark.parametrize(("args", "says"), [
-    (("--bits", 3), "--bits 3"),
-    (("--bits", 4, "--group-size", 48), "--group-size 48"),
-    (("--mixed",), "--mixed needs --bits"),
-    (("--dtype", "int8"), "--dtype"),
-    (("--max-part-size", "lots"), "lots"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (("--bits", 3), "--bits 3"),
+        (("--bits", 4, "--group-size", 48), "--group-size 48"),
+        (("--mixed",), "--mixed needs --bits"),
+        (("--dtype", "int8"), "--dtype"),
+        (("--max-part-size", "lots"), "lots"),
+    ],
+)
 def test_bad_options_are_one_line(cli, checkpoint, tmp_path: Path, one_line_error, args: tuple, says: str) -> None:  # noqa: ANN001
     out = tmp_path / "mlx"
     assert says in one_line_error(cli("export", "mlx", checkpoint("tiny"), out, *args, "--no-verify", expect=2), 2)
@@ -137,8 +144,9 @@ def test_out_inside_the_source_is_refused(cli, checkpoint, private_copy, one_lin
     assert not (src / "mlx").exists()
 
 
-def test_a_side_file_linking_out_of_the_source_is_refused(cli, checkpoint, private_copy, tmp_path: Path,
-                                                            one_line_error) -> None:  # fmt: skip  # noqa: ANN001
+def test_a_side_file_linking_out_of_the_source_is_refused(
+    cli, checkpoint, private_copy, tmp_path: Path, one_line_error
+) -> None:  # noqa: ANN001
     secret = tmp_path / "secret.txt"
     secret.write_text("do not copy")
     src = private_copy(checkpoint("tiny"))
@@ -153,8 +161,9 @@ def test_shards_as_source_need_a_reference_to_verify(cli, shards, tmp_path: Path
 
 
 @pytest.mark.mlx
-def test_a_reference_of_another_model_is_refused_before_writing(cli, checkpoint, shards, tmp_path: Path,
-                                                                 one_line_error) -> None:  # fmt: skip  # noqa: ANN001
+def test_a_reference_of_another_model_is_refused_before_writing(
+    cli, checkpoint, shards, tmp_path: Path, one_line_error
+) -> None:  # noqa: ANN001
     out = tmp_path / "mlx"
     r = cli("export", "mlx", shards("tiny", 2, 1), out, "--reference", checkpoint("tiny-gqa"), expect=2)
     assert "not shaped like" in one_line_error(r, 2)
@@ -190,8 +199,9 @@ def test_an_unfinished_source_is_refused(cli, checkpoint, private_copy, tmp_path
     assert not (tmp_path / "mlx").exists()
 
 
-def test_the_kernel_copy_and_its_fallback_write_the_same_bytes(cli, checkpoint, tmp_path: Path,
-                                                               monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip  # noqa: ANN001
+def test_the_kernel_copy_and_its_fallback_write_the_same_bytes(
+    cli, checkpoint, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:  # noqa: ANN001
     """Unquantized tensors of an HF source go through copy_file_range; where the kernel refuses
     (EXDEV here) the same chunks go through user space, byte for byte the same."""
     import errno

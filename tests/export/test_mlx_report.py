@@ -21,8 +21,11 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_the_report_reads_the_kinds_the_writers_write() -> None:
     assert EXPORT_MLX_KIND == EXPORT_KIND and EXPORT_SCHEMA_VERSION in SCHEMAS[EXPORT_KIND].versions
     body = ast.parse((ROOT / "bench" / "export_mlx.py").read_text()).body
-    bench = {n.targets[0].id: n.value.value for n in body if isinstance(n, ast.Assign)
-             and isinstance(n.targets[0], ast.Name) and isinstance(n.value, ast.Constant)}  # fmt: skip
+    bench = {
+        n.targets[0].id: n.value.value
+        for n in body
+        if isinstance(n, ast.Assign) and isinstance(n.targets[0], ast.Name) and isinstance(n.value, ast.Constant)
+    }
     assert bench["KIND"] == BENCH_EXPORT_MLX_KIND and bench["SCHEMA_VERSION"] in SCHEMAS[BENCH_EXPORT_MLX_KIND].versions
 
 

@@ -62,8 +62,7 @@ def test_decode_attention_plamo(hq: int, hkv: int) -> None:
     k, v = randn(S, 4096, hkv, 128, dtype=BF16), randn(S, 4096, hkv, 128, dtype=BF16)
     out = get_ops("triton").attention(q, k, v, seqlens([1] * S), torch.tensor(kv_lens, device=DEVICE), 128**-0.5, 2048)
     q64, k64, v64 = (t.double().cpu() for t in (q, k, v))
-    expect = torch.cat([
-        ref.attention(q64[s : s + 1], k64[s, :L], v64[s, :L], 128**-0.5, 2048)
-        for s, L in enumerate(kv_lens)
-    ])  # fmt: skip
+    expect = torch.cat(
+        [ref.attention(q64[s : s + 1], k64[s, :L], v64[s, :L], 128**-0.5, 2048) for s, L in enumerate(kv_lens)]
+    )
     assert rel_err(out, expect) < TOL[BF16]

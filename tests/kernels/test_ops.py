@@ -162,9 +162,15 @@ def ssd_oracle(x, dt, A, B, C, D, z, dt_bias, cu, init):
     for s in range(len(cu) - 1):
         sl = slice(cu[s], cu[s + 1])
         y, f = ref.ssd_recurrence(
-            x[sl], delta[sl], A, B[sl], C[sl], D,
-            None if z is None else z[sl], None if init is None else init[s],
-        )  # fmt: skip
+            x[sl],
+            delta[sl],
+            A,
+            B[sl],
+            C[sl],
+            D,
+            None if z is None else z[sl],
+            None if init is None else init[s],
+        )
         ys.append(y)
         finals.append(f)
     return torch.cat(ys), torch.stack(finals)
@@ -202,9 +208,18 @@ def test_ssd_chunk_scan_in_pieces(case) -> None:
     parts, state = [], None
     for sl in (slice(0, 11), slice(11, 29)):
         y, state = ops.ssd_chunk_scan(
-            x[sl], dt[sl], A, B[sl], C[sl], D, z[sl], dt_bias, seqlens([sl.stop - sl.start]),
-            state, chunk_size=16,
-        )  # fmt: skip
+            x[sl],
+            dt[sl],
+            A,
+            B[sl],
+            C[sl],
+            D,
+            z[sl],
+            dt_bias,
+            seqlens([sl.stop - sl.start]),
+            state,
+            chunk_size=16,
+        )
         parts.append(y)
     assert rel_err(torch.cat(parts), d64(y_full)[0]) < TOL[dtype]
     assert rel_err(state, d64(s_full)[0]) < TOL[dtype]
@@ -258,10 +273,9 @@ def test_attention(case, window: int | None, hq: int, hkv: int) -> None:
     out = ops.attention(q, k_cache, v_cache, cu, torch.tensor(kv_lens, device=DEVICE), scale, window)
     q64, k64, v64 = d64(q, k_cache, v_cache)
     c = cu.tolist()
-    expect = torch.cat([
-        ref.attention(q64[c[s] : c[s + 1]], k64[s, :L], v64[s, :L], scale, window)
-        for s, L in enumerate(kv_lens)
-    ])  # fmt: skip
+    expect = torch.cat(
+        [ref.attention(q64[c[s] : c[s + 1]], k64[s, :L], v64[s, :L], scale, window) for s, L in enumerate(kv_lens)]
+    )
     assert out.dtype == dtype
     assert rel_err(out, expect) < TOL[dtype]
 
@@ -291,10 +305,9 @@ def test_attention_decode(case, window: int | None, hq: int, hkv: int) -> None:
     lens = torch.tensor(kv_lens, device=DEVICE)
     out = ops.attention(q, k_cache, v_cache, seqlens([1] * S), lens, 0.3, window)
     q64, k64, v64 = d64(q, k_cache, v_cache)
-    expect = torch.cat([
-        ref.attention(q64[s : s + 1], k64[s, :L], v64[s, :L], 0.3, window)
-        for s, L in enumerate(kv_lens)
-    ])  # fmt: skip
+    expect = torch.cat(
+        [ref.attention(q64[s : s + 1], k64[s, :L], v64[s, :L], 0.3, window) for s, L in enumerate(kv_lens)]
+    )
     assert rel_err(out, expect) < TOL[dtype]
 
 

@@ -27,12 +27,17 @@ def test_a_decision_comes_back_in_the_next_process(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     "content",
-    ["{not json", "[1, 2]", json.dumps({"identity": {**ID, "triton": "9.9"}, "entries": {"a": ["parallel", 64]}}),
-     json.dumps({"identity": {**ID, "device": "A100"}, "entries": {"a": ["parallel", 64]}}),
-     json.dumps({"identity": {**ID, "format_version": "0"}, "entries": {"a": ["parallel", 64]}}),
-     json.dumps({"identity": ID, "entries": ["a"]}), "\udcff"],
+    [
+        "{not json",
+        "[1, 2]",
+        json.dumps({"identity": {**ID, "triton": "9.9"}, "entries": {"a": ["parallel", 64]}}),
+        json.dumps({"identity": {**ID, "device": "A100"}, "entries": {"a": ["parallel", 64]}}),
+        json.dumps({"identity": {**ID, "format_version": "0"}, "entries": {"a": ["parallel", 64]}}),
+        json.dumps({"identity": ID, "entries": ["a"]}),
+        "\udcff",
+    ],
     ids=["corrupt", "a list", "other triton", "other device", "old format", "entries not an object", "not text"],
-)  # fmt: skip
+)
 def test_a_bad_or_stale_cache_is_ignored_and_rewritten(tmp_path: Path, content: str) -> None:
     path = tmp_path / "k.json"
     path.write_bytes(content.encode("utf-8", "surrogateescape"))
@@ -56,8 +61,9 @@ def test_an_entry_that_is_not_a_choice_is_ignored(tmp_path: Path) -> None:
 
 def test_an_oversized_file_is_not_read(tmp_path: Path) -> None:
     path = tmp_path / "k.json"
-    path.write_text(json.dumps({"identity": {"format_version": "1", **ID}, "entries": {"a": ["parallel", 64]}})
-                    + " " * MAX_BYTES)  # fmt: skip
+    path.write_text(
+        json.dumps({"identity": {"format_version": "1", **ID}, "entries": {"a": ["parallel", 64]}}) + " " * MAX_BYTES
+    )
     assert TuneCache("k", ID, path).get("a", _valid) is None
 
 

@@ -37,11 +37,21 @@ def valid_choice(v: object) -> bool:
 
 
 def write(directory: Path, **overrides: object) -> Path:
-    path = tuned.write_table(directory / f"{CARD.slug}.json", CARD, {
-        "ssd_chunk_scan": {tuned.key_text((*SSD_KEY, 4096, 8)): ["parallel", 256]},
-        "gemv": {"2048|8192|torch.bfloat16|torch.bfloat16|torch.bfloat16":
-                 {"kwargs": {"BLOCK_N": 8, "BLOCK_K": 512}, "num_warps": 4, "num_stages": 3}},
-    }, {"torch": "x"})  # fmt: skip
+    path = tuned.write_table(
+        directory / f"{CARD.slug}.json",
+        CARD,
+        {
+            "ssd_chunk_scan": {tuned.key_text((*SSD_KEY, 4096, 8)): ["parallel", 256]},
+            "gemv": {
+                "2048|8192|torch.bfloat16|torch.bfloat16|torch.bfloat16": {
+                    "kwargs": {"BLOCK_N": 8, "BLOCK_K": 512},
+                    "num_warps": 4,
+                    "num_stages": 3,
+                }
+            },
+        },
+        {"torch": "x"},
+    )
     if overrides:
         data = json.loads(path.read_text())
         data.update(overrides)
@@ -106,8 +116,9 @@ def test_nearest_bucket() -> None:
     assert tuned.nearest_choice(entries, (16, 64, 128, "torch.bfloat16", False, True, 4096, 8), valid_choice) is None
 
 
-@triton.autotune(configs=[triton.Config({"BLOCK": 16}, num_warps=1), triton.Config({"BLOCK": 32}, num_warps=2)],
-                 key=["N"])  # fmt: skip
+@triton.autotune(
+    configs=[triton.Config({"BLOCK": 16}, num_warps=1), triton.Config({"BLOCK": 32}, num_warps=2)], key=["N"]
+)
 @triton.jit
 def _double(x_ptr, y_ptr, N, BLOCK: tl.constexpr):
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
@@ -126,8 +137,10 @@ def test_a_seeded_autotuner_does_not_benchmark() -> None:
     _double.cache.clear()
     key = "|".join(["100", "torch.float32", "torch.float32"])
     outside = {"kwargs": {"BLOCK": 64}, "num_warps": 2, "num_stages": 3}  # not one of the kernel's configs
-    n = tuned.seed_autotuner(_double, {key: {"kwargs": {"BLOCK": 32}, "num_warps": 2, "num_stages": 3},
-                                       "50|torch.float32|torch.float32": outside})  # fmt: skip
+    n = tuned.seed_autotuner(
+        _double,
+        {key: {"kwargs": {"BLOCK": 32}, "num_warps": 2, "num_stages": 3}, "50|torch.float32|torch.float32": outside},
+    )
     assert n == 1
     assert torch.equal(_run(100), 2 * torch.arange(100, dtype=torch.float32))  # ran without benchmarking
     with pytest.raises(RuntimeError, match="driver"):  # not seeded: the autotuner must benchmark
@@ -142,8 +155,10 @@ def check_table(table: tuned.TunedTable) -> list[str]:
     """Problems of a table against the kernels' own candidate lists."""
     allowed = {"gemv": [tuned.config_value(c) for c in gemv.GPU_CONFIGS]}
     for name, configs in ssd.GPU_OUT_CONFIGS.items():
-        allowed[name] = [{"kwargs": {"BLOCK_M": m, "BLOCK_K": k, "BLOCK_P": p}, "num_warps": w, "num_stages": s}
-                         for m, k, p, w, s in configs]  # fmt: skip
+        allowed[name] = [
+            {"kwargs": {"BLOCK_M": m, "BLOCK_K": k, "BLOCK_P": p}, "num_warps": w, "num_stages": s}
+            for m, k, p, w, s in configs
+        ]
     problems = []
     for kernel, entries in table.kernels.items():
         for text, value in entries.items():

@@ -177,9 +177,11 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int | None) 
     """q: (Tq, Hq, d); k, v: (Tk, Hkv, d) -> (Tq, Hq, d); contiguous GQA, default 1/sqrt(d) scale."""
     kv_of = kv_index(q.shape[1], k.shape[1])
     o = F.scaled_dot_product_attention(
-        q.transpose(0, 1), k[:, kv_of].transpose(0, 1), v[:, kv_of].transpose(0, 1),
+        q.transpose(0, 1),
+        k[:, kv_of].transpose(0, 1),
+        v[:, kv_of].transpose(0, 1),
         attn_mask=band_mask(q.shape[0], k.shape[0], window),
-    )  # fmt: skip
+    )
     return o.transpose(0, 1)
 
 

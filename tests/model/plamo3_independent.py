@@ -201,9 +201,14 @@ def _v4_rope(cfg: dict) -> dict[str, Rope]:
         if initial is None:
             raise ValueError("rope_scaling_factor != 1 needs initial_context_length")
         full = Rope(
-            theta=float(theta), yarn=True, factor=factor, original_max=int(initial), beta_fast=32.0,
-            beta_slow=1.0, truncate=False,
-        )  # fmt: skip
+            theta=float(theta),
+            yarn=True,
+            factor=factor,
+            original_max=int(initial),
+            beta_fast=32.0,
+            beta_slow=1.0,
+            truncate=False,
+        )
     return {FULL: full, SLIDING: Rope(theta=float(local))}
 
 

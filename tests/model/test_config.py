@@ -191,9 +191,16 @@ def test_time_step_rank(D: int, R: int) -> None:
 
 @pytest.mark.parametrize(
     ("V", "Vp", "head_rows"),
-    [(1, 64, 16), (64, 64, 64), (65, 128, 80), (300, 320, 304), (515, 576, 528), (100000, 100032, 100000),
-     (100032, 100032, 100032)],
-)  # fmt: skip
+    [
+        (1, 64, 16),
+        (64, 64, 64),
+        (65, 128, 80),
+        (300, 320, 304),
+        (515, 576, 528),
+        (100000, 100032, 100000),
+        (100032, 100032, 100032),
+    ],
+)
 def test_padded_vocab(V: int, Vp: int, head_rows: int) -> None:
     cfg = parse(vocab_size=V)
     assert cfg.padded_vocab == Vp == math.ceil(V / 64) * 64

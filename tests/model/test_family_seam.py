@@ -209,8 +209,11 @@ class ToyLayer:
 
     def new_state(self, batch: int, capacity: int, dtype: torch.dtype, device: torch.device) -> ToyState:
         kv = (batch, capacity, self.hk, self.c.head_dim)
-        return ToyState(torch.zeros(kv, dtype=dtype, device=device), torch.zeros(kv, dtype=dtype, device=device),
-                        torch.zeros(batch, self.c.hidden_size, dtype=torch.float32, device=device))  # fmt: skip
+        return ToyState(
+            torch.zeros(kv, dtype=dtype, device=device),
+            torch.zeros(kv, dtype=dtype, device=device),
+            torch.zeros(batch, self.c.hidden_size, dtype=torch.float32, device=device),
+        )
 
     def running_sum(self, a: Tensor, batch: Batch, state: ToyState) -> Tensor:
         """The recurrence, token by token, each sequence continuing from its state."""
@@ -278,24 +281,43 @@ class ToyFamily(Family):
             head_dim=8,
             intermediate_size=48,
             vocab_size=300,
-        ),  # fmt: skip
+        ),
     }
 
     def summary(self, cfg: ToyConfig) -> dict[str, Any]:
         return cfg.to_dict() | {"padded_vocab": cfg.padded_vocab}
 
     def tp_problems(self, cfg: ToyConfig, tp: int) -> list[str]:
-        return [f"tp={tp} does not divide {n}" for n in (cfg.num_attention_heads, cfg.intermediate_size,
-                                                         cfg.padded_vocab) if n % tp]  # fmt: skip
+        return [
+            f"tp={tp} does not divide {n}"
+            for n in (cfg.num_attention_heads, cfg.intermediate_size, cfg.padded_vocab)
+            if n % tp
+        ]
 
-    def reference_logits(self, ckpt: Any, sequences: Sequence[Sequence[int]], dtype: torch.dtype,
-                         device: Any = "cpu", decay: str = DECAY.default) -> list[Tensor]:  # fmt: skip
+    def reference_logits(
+        self,
+        ckpt: Any,
+        sequences: Sequence[Sequence[int]],
+        dtype: torch.dtype,
+        device: Any = "cpu",
+        decay: str = DECAY.default,
+    ) -> list[Tensor]:
         return toy_reference(ckpt, sequences, dtype, float(decay))
 
-    def rank_model(self, cfg: ToyConfig, stage: tuple[int, int], weights: dict[str, Any], ops_: Any, comm: Any,
-                   dtype: torch.dtype | None = None, decay: str = DECAY.default) -> RankModel:  # fmt: skip
-        layers = [ToyLayer(i, layer_weights(weights, self.layer_prefix.format(i)), cfg, ops_, comm, float(decay))
-                  for i in range(*stage)]  # fmt: skip
+    def rank_model(
+        self,
+        cfg: ToyConfig,
+        stage: tuple[int, int],
+        weights: dict[str, Any],
+        ops_: Any,
+        comm: Any,
+        dtype: torch.dtype | None = None,
+        decay: str = DECAY.default,
+    ) -> RankModel:
+        layers = [
+            ToyLayer(i, layer_weights(weights, self.layer_prefix.format(i)), cfg, ops_, comm, float(decay))
+            for i in range(*stage)
+        ]
         vocab = self.vocab_rows(cfg, comm.info.tp, comm.info.tp_rank)
         act = dtype or next(iter(weights.values())).dtype
         return ToyRankModel(cfg, layers, weights, ops_, comm, vocab, act)  # type: ignore[arg-type]
@@ -393,17 +415,37 @@ def test_the_family_option_reaches_the_reference_and_the_runtime_through_the_cli
     assert np.abs(default - logits(src)).max() < 1e-4 * np.abs(ref).max()
 
     # verify: chunked prefill (prompts of different lengths: the subset path) and greedy decode
-    result = json.loads(cli("verify", shards, "--reference", src, "--random", 3, "--max-new-tokens", 5,
-                            "--prefill-chunk", 3, "--option", "decay=0.25", "--json").stdout)  # fmt: skip
+    result = json.loads(
+        cli(
+            "verify",
+            shards,
+            "--reference",
+            src,
+            "--random",
+            3,
+            "--max-new-tokens",
+            5,
+            "--prefill-chunk",
+            3,
+            "--option",
+            "decay=0.25",
+            "--json",
+        ).stdout
+    )
     assert result["passed"] and result["pinned"] == {"decay": "0.25"} and result["conventions"] == ["decay=0.25"]
 
-    made = json.loads(cli("generate", shards, "--prompt", "hello world", "--max-new-tokens", 4, "--option",
-                          "decay=0.25", "--json").stdout)  # fmt: skip
+    made = json.loads(
+        cli(
+            "generate", shards, "--prompt", "hello world", "--max-new-tokens", 4, "--option", "decay=0.25", "--json"
+        ).stdout
+    )
     assert made["prompt_tokens"] >= 1 and 1 <= len(made["tokens"]) <= 4
 
-    for option, why in (("decay=0.3", "decay '0.3' is not one of 0.5, 0.25"),
-                        ("warp=1", "no forward option 'warp' (it has decay)"),
-                        ("decay", "expected KEY=VALUE")):  # fmt: skip
+    for option, why in (
+        ("decay=0.3", "decay '0.3' is not one of 0.5, 0.25"),
+        ("warp=1", "no forward option 'warp' (it has decay)"),
+        ("decay", "expected KEY=VALUE"),
+    ):
         r = cli("logits", shards, "--input-ids", ids, "--out", tmp_path / "x.npy", "--option", option, expect=2)
         assert why in one_line_error(r, 2)
 

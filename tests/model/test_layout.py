@@ -72,9 +72,17 @@ def test_pp_split_follows_vllm_get_pp_indices() -> None:
     from plamo2_tools.model import family_of
     from plamo2_tools.model.layout import make_mapping
 
-    examples = {(16, 2): [8, 8], (16, 3): [5, 6, 5], (16, 4): [4, 4, 4, 4], (32, 3): [11, 11, 10],
-                (32, 5): [6, 6, 7, 7, 6], (32, 6): [5, 5, 5, 6, 6, 5], (16, 5): [3, 3, 3, 4, 3],
-                (5, 3): [2, 2, 1], (4, 3): [1, 2, 1]}  # fmt: skip
+    examples = {
+        (16, 2): [8, 8],
+        (16, 3): [5, 6, 5],
+        (16, 4): [4, 4, 4, 4],
+        (32, 3): [11, 11, 10],
+        (32, 5): [6, 6, 7, 7, 6],
+        (32, 6): [5, 5, 5, 6, 6, 5],
+        (16, 5): [3, 3, 3, 4, 3],
+        (5, 3): [2, 2, 1],
+        (4, 3): [1, 2, 1],
+    }
     for (layers, pp), counts in examples.items():
         cfg = Plamo2Config.from_dict({"model_type": "plamo2", **PRESETS["plamo-2-1b"], "num_hidden_layers": layers})
         stages = make_mapping(family_of(cfg), cfg, 1, pp).stages
@@ -174,8 +182,12 @@ def test_transformed_values_spelled_out(shards, checkpoint) -> None:
     t = load_rank(out, 1)
     p = "model.layers.layers.0."
     assert torch.equal(t[p + "mixer.A"], -torch.exp(hf[p + "mixer.A_log"][4:8].float()))
-    for norm, off in (("pre_mixer_norm", 1.0), ("post_mixer_norm", 0.2), ("pre_mlp_norm", 1.0),
-                      ("post_mlp_norm", 0.08944271909999159)):  # fmt: skip
+    for norm, off in (
+        ("pre_mixer_norm", 1.0),
+        ("post_mixer_norm", 0.2),
+        ("pre_mlp_norm", 1.0),
+        ("post_mlp_norm", 0.08944271909999159),
+    ):
         assert torch.equal(t[p + norm + ".weight"], hf[p + norm + ".weight"] + torch.tensor(off, dtype=torch.float32))
     assert torch.equal(t["model.norm.weight"], hf["model.norm.weight"] + 1.0)
     for n in ("dt", "B", "C"):  # renamed, no offset

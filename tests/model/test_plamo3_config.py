@@ -13,27 +13,65 @@ from plamo2_tools.model.plamo3.config import FULL, SLIDING, Plamo3Config, Rope
 from plamo2_tools.model.synth import preset_config
 
 V4: dict[str, Any] = {
-    "model_type": "plamo3", "architectures": ["Plamo3ForCausalLM"], "hidden_size": 64, "num_hidden_layers": 6,
-    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 96,
-    "vocab_size": 700, "window_size": 5, "sliding_window_pattern": 3, "rope_theta": 1e6, "rope_local_theta": 10.0,
-    "rope_scaling_factor": 2.0, "initial_context_length": 32,
-}  # fmt: skip
+    "model_type": "plamo3",
+    "architectures": ["Plamo3ForCausalLM"],
+    "hidden_size": 64,
+    "num_hidden_layers": 6,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "intermediate_size": 96,
+    "vocab_size": 700,
+    "window_size": 5,
+    "sliding_window_pattern": 3,
+    "rope_theta": 1e6,
+    "rope_local_theta": 10.0,
+    "rope_scaling_factor": 2.0,
+    "initial_context_length": 32,
+}
 V5: dict[str, Any] = {
-    **{k: v for k, v in V4.items() if k not in ("rope_theta", "rope_local_theta", "rope_scaling_factor",
-                                                "initial_context_length", "sliding_window_pattern")},
+    **{
+        k: v
+        for k, v in V4.items()
+        if k
+        not in (
+            "rope_theta",
+            "rope_local_theta",
+            "rope_scaling_factor",
+            "initial_context_length",
+            "sliding_window_pattern",
+        )
+    },
     "layer_types": [SLIDING, SLIDING, FULL, SLIDING, SLIDING, FULL],
     "rope_parameters": {
-        FULL: {"rope_type": "yarn", "rope_theta": 1e6, "factor": 2.0, "original_max_position_embeddings": 32,
-               "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False},
+        FULL: {
+            "rope_type": "yarn",
+            "rope_theta": 1e6,
+            "factor": 2.0,
+            "original_max_position_embeddings": 32,
+            "beta_fast": 32.0,
+            "beta_slow": 1.0,
+            "truncate": False,
+        },
         SLIDING: {"rope_type": "default", "rope_theta": 10.0},
     },
-}  # fmt: skip
+}
 
 
 def _model(cfg: Plamo3Config) -> tuple:
     """Everything that decides the computation (not the form it was written in)."""
-    return (cfg.layer_types, cfg.window_size, cfg.rope_full, cfg.rope_sliding, cfg.num_attention_heads,
-            cfg.num_key_value_heads, cfg.head_dim, cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size)  # fmt: skip
+    return (
+        cfg.layer_types,
+        cfg.window_size,
+        cfg.rope_full,
+        cfg.rope_sliding,
+        cfg.num_attention_heads,
+        cfg.num_key_value_heads,
+        cfg.head_dim,
+        cfg.hidden_size,
+        cfg.intermediate_size,
+        cfg.vocab_size,
+    )
 
 
 def test_v4_and_v5_forms_are_the_same_model() -> None:

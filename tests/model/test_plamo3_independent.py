@@ -117,10 +117,14 @@ def test_v4_and_v5_configs_describe_the_same_model_and_give_identical_logits() -
         # the older remote config also saves its derived per-layer windows
         {"interleaved_sliding_window": [3, 3, None, 3, 3]},
         # the older remote config's nested rope_scaling dict
-        {"rope_scaling": {FULL: {"rope_type": "default", "rope_theta": 150000},
-                          SLIDING: {"rope_type": "default", "rope_theta": 10000}}},
+        {
+            "rope_scaling": {
+                FULL: {"rope_type": "default", "rope_theta": 150000},
+                SLIDING: {"rope_type": "default", "rope_theta": 10000},
+            }
+        },
     ],
-)  # fmt: skip
+)
 def test_legacy_spellings_read_as_the_canonical_config(legacy: dict) -> None:
     cfg = {k: v for k, v in {**V4, **legacy}.items() if v is not None}
     assert p3.read_config(cfg) == p3.read_config(V4)
@@ -129,8 +133,14 @@ def test_legacy_spellings_read_as_the_canonical_config(legacy: dict) -> None:
 def test_defaults_are_pfns_newest_remote_config() -> None:
     s = p3.read_config({})
     assert (s.hidden, s.layers, s.heads, s.kv_heads, s.head_dim, s.intermediate, s.vocab) == (
-        4096, 32, 32, 4, 128, 13312, 32000,
-    )  # fmt: skip
+        4096,
+        32,
+        32,
+        4,
+        128,
+        13312,
+        32000,
+    )
     assert (s.eps, s.tied, s.window) == (1e-6, True, 128)
     assert s.layer_types == tuple(FULL if (i + 1) % 8 == 0 else SLIDING for i in range(32))
     assert s.rope == {FULL: p3.Rope(theta=150000.0), SLIDING: p3.Rope(theta=10000.0)}
@@ -155,16 +165,37 @@ def test_rope_scaling_factor_builds_yarn_on_full_layers_only() -> None:
         ({"sliding_window": [3, 4, None, 3, 3]}, "more than one window"),
         ({"num_key_value_heads": 3}, "not a multiple"),
         ({"interleaved_sliding_window": [3, 3, 3, 3, 3]}, "interleaved_sliding_window disagrees"),
-        ({"rope_parameters": {FULL: {"rope_type": "default"}, SLIDING: {"rope_type": "default", "rope_theta": 1}}},
-         "no rope_theta"),
-        ({"rope_parameters": {FULL: {"rope_type": "yarn", "rope_theta": 1, "factor": 2,
-                                     "original_max_position_embeddings": 8, "attention_factor": 0.5},
-                              SLIDING: {"rope_type": "default", "rope_theta": 1}}}, "does not implement"),
-        ({"rope_parameters": {FULL: {"rope_type": "linear", "rope_theta": 1, "factor": 2},
-                              SLIDING: {"rope_type": "default", "rope_theta": 1}}}, "not implemented"),
+        (
+            {"rope_parameters": {FULL: {"rope_type": "default"}, SLIDING: {"rope_type": "default", "rope_theta": 1}}},
+            "no rope_theta",
+        ),
+        (
+            {
+                "rope_parameters": {
+                    FULL: {
+                        "rope_type": "yarn",
+                        "rope_theta": 1,
+                        "factor": 2,
+                        "original_max_position_embeddings": 8,
+                        "attention_factor": 0.5,
+                    },
+                    SLIDING: {"rope_type": "default", "rope_theta": 1},
+                }
+            },
+            "does not implement",
+        ),
+        (
+            {
+                "rope_parameters": {
+                    FULL: {"rope_type": "linear", "rope_theta": 1, "factor": 2},
+                    SLIDING: {"rope_type": "default", "rope_theta": 1},
+                }
+            },
+            "not implemented",
+        ),
         ({"rope_parameters": {FULL: {"rope_type": "default", "rope_theta": 1}}}, "no entry for"),
     ],
-)  # fmt: skip
+)
 def test_ambiguous_or_unsupported_configs_are_refused(change: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         p3.read_config({**V4, **change})
@@ -204,8 +235,9 @@ def test_window_as_long_as_the_prompt_is_full_attention_under_the_hf_rule() -> N
     same_base = {**V4, "rope_local_theta": V4["rope_theta"]}
     full = {**same_base, "sliding_window_pattern": 1}
     wide = {**same_base, "window_size": len(IDS) - 1}
-    assert torch.allclose(p3.independent_logits(wide, W, IDS, "hf"), p3.independent_logits(full, W, IDS, "hf"),
-                          rtol=0, atol=1e-12)  # fmt: skip
+    assert torch.allclose(
+        p3.independent_logits(wide, W, IDS, "hf"), p3.independent_logits(full, W, IDS, "hf"), rtol=0, atol=1e-12
+    )
     assert not torch.allclose(p3.independent_logits(wide, W, IDS, "vllm"), p3.independent_logits(full, W, IDS, "hf"))
 
 
@@ -269,12 +301,25 @@ def test_yarn_clamp_can_invert_the_range_as_vllm_does() -> None:
 
 def test_yarn_with_factor_one_is_plain_rope() -> None:
     yarn1 = p3.Rope(theta=150000.0, yarn=True, factor=1.0, original_max=64, truncate=False)
-    assert p3.inverse_frequencies(yarn1, 16) == pytest.approx(p3.inverse_frequencies(p3.Rope(theta=150000.0), 16),
-                                                              rel=1e-15)  # fmt: skip
+    assert p3.inverse_frequencies(yarn1, 16) == pytest.approx(
+        p3.inverse_frequencies(p3.Rope(theta=150000.0), 16), rel=1e-15
+    )
     assert p3.magnitude(yarn1) == 1.0
-    cfg = {**V5, "rope_parameters": {**V5["rope_parameters"], FULL: {
-        "rope_type": "yarn", "rope_theta": 150000, "factor": 1.0, "original_max_position_embeddings": 64,
-        "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False}}}  # fmt: skip
+    cfg = {
+        **V5,
+        "rope_parameters": {
+            **V5["rope_parameters"],
+            FULL: {
+                "rope_type": "yarn",
+                "rope_theta": 150000,
+                "factor": 1.0,
+                "original_max_position_embeddings": 64,
+                "beta_fast": 32.0,
+                "beta_slow": 1.0,
+                "truncate": False,
+            },
+        },
+    }
     assert p3.read_config(cfg).rope[FULL].yarn
     torch.testing.assert_close(
         p3.independent_logits(cfg, W, IDS, "vllm"), p3.independent_logits(V5, W, IDS, "vllm"), rtol=0, atol=1e-12
@@ -302,14 +347,32 @@ def test_yarn_changes_only_the_full_layers() -> None:
 def test_tiny_forward_by_hand() -> None:
     # One layer, D = d = 2, one head, F = 1, V = 3, eps 0, every norm weight 0 (so the offsets are the multipliers:
     # pre 1, post-mixer 1/5, pre-MLP 1, post-MLP 5**-1.5, final 1), one token (id 2) at position 0.
-    cfg = {"hidden_size": 2, "num_hidden_layers": 1, "num_attention_heads": 1, "num_key_value_heads": 1,
-           "head_dim": 2, "intermediate_size": 1, "vocab_size": 3, "rms_norm_eps": 0.0, "window_size": 1,
-           "sliding_window_pattern": 1}  # fmt: skip
+    cfg = {
+        "hidden_size": 2,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 1,
+        "num_key_value_heads": 1,
+        "head_dim": 2,
+        "intermediate_size": 1,
+        "vocab_size": 3,
+        "rms_norm_eps": 0.0,
+        "window_size": 1,
+        "sliding_window_pattern": 1,
+    }
     t = lambda rows: torch.tensor(rows, dtype=torch.float64)  # noqa: E731
     p = "model.layers.layers.0."
     w = {"model.embed_tokens.weight": t([[1, 0], [0, 1], [1, 1]]), "model.norm.weight": t([0, 0])}
-    w |= {p + n: t([0, 0]) for n in ("pre_mixer_norm.weight", "post_mixer_norm.weight", "pre_mlp_norm.weight",
-                                     "post_mlp_norm.weight", "mixer.q_norm.weight", "mixer.k_norm.weight")}  # fmt: skip
+    w |= {
+        p + n: t([0, 0])
+        for n in (
+            "pre_mixer_norm.weight",
+            "post_mixer_norm.weight",
+            "pre_mlp_norm.weight",
+            "post_mlp_norm.weight",
+            "mixer.q_norm.weight",
+            "mixer.k_norm.weight",
+        )
+    }
     w[p + "mixer.qkv_proj.weight"] = t([[1, 0], [0, 1], [1, 0], [0, 1], [2, 0], [0, -1]])  # q = k = a, v = (2a0, -a1)
     w[p + "mixer.o_proj.weight"] = t([[1, 0], [0, 1]])
     w[p + "mlp.gate_up_proj.weight"] = t([[1, 0], [0, 1]])  # gate = b0, up = b1
@@ -374,8 +437,13 @@ def test_untied_head_and_its_padding_rows() -> None:
 def test_scale_embedding_scales_the_input_not_the_tied_head() -> None:
     D = V4["hidden_size"]
     scaled = p3.independent_logits({**V4, "scale_embedding": True}, W, IDS, "vllm")
-    manual = dict(W, **{"model.embed_tokens.weight": W["model.embed_tokens.weight"] * math.sqrt(D),
-                        "lm_head.weight": W["model.embed_tokens.weight"]})  # fmt: skip
+    manual = dict(
+        W,
+        **{
+            "model.embed_tokens.weight": W["model.embed_tokens.weight"] * math.sqrt(D),
+            "lm_head.weight": W["model.embed_tokens.weight"],
+        },
+    )
     torch.testing.assert_close(
         scaled, p3.independent_logits({**V4, "tie_word_embeddings": False}, manual, IDS, "vllm"), rtol=0, atol=1e-12
     )
@@ -404,10 +472,22 @@ VLLM_READY = (VLLM_VENV / ".plamo2-vllm-ready").is_file() and (VLLM_VENV / "bin"
 def test_vllm_plamo3_forward_matches_the_oracle(tmp_path: Path) -> None:
     out = tmp_path / "plamo3_forward.json"
     proc = subprocess.run(
-        [str(VLLM_VENV / "bin" / "python"), str(REPO / "bench" / "plamo3_vllm_forward.py"), "--out", str(out),
-         "--flex", "eager", "--parallel", "4x1,1x4", "--work", str(tmp_path / "work")],
-        capture_output=True, text=True, timeout=1800,
-    )  # fmt: skip
+        [
+            str(VLLM_VENV / "bin" / "python"),
+            str(REPO / "bench" / "plamo3_vllm_forward.py"),
+            "--out",
+            str(out),
+            "--flex",
+            "eager",
+            "--parallel",
+            "4x1,1x4",
+            "--work",
+            str(tmp_path / "work"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     assert out.exists(), f"no result (exit {proc.returncode})\n{proc.stdout}\n{proc.stderr[-4000:]}"
     report = json.loads(out.read_text())
     assert report["vllm_version"] == "0.26.0"

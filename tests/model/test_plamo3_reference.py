@@ -76,13 +76,17 @@ def test_scale_embedding_is_honoured_like_pfns_ports(tmp_path: Path) -> None:
 
 PLANTED = {
     "rope_theta on sliding layers": lambda monkeypatch: monkeypatch.setattr(
-        p3config.Plamo3Config, "rope", lambda self, layer: self.rope_full),
+        p3config.Plamo3Config, "rope", lambda self, layer: self.rope_full
+    ),
     "one window on every layer": lambda monkeypatch: monkeypatch.setattr(
-        p3config.Plamo3Config, "is_full", lambda self, layer: False),
+        p3config.Plamo3Config, "is_full", lambda self, layer: False
+    ),
     "window off by one": lambda monkeypatch: monkeypatch.setattr(
-        p3config.Plamo3Config, "window_keys",
-        lambda self, layer, convention: None if self.layer_types[layer] == p3config.FULL else self.window_size - 1),
-}  # fmt: skip
+        p3config.Plamo3Config,
+        "window_keys",
+        lambda self, layer, convention: None if self.layer_types[layer] == p3config.FULL else self.window_size - 1,
+    ),
+}
 
 
 @pytest.mark.parametrize("bug", list(PLANTED))

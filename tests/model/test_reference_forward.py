@@ -92,12 +92,23 @@ def test_reference_matches_independent_forward(
         # L = 1 <= mamba_step // 2: the single layer is attention.
         ("one-layer", dict(num_hidden_layers=1)),
         # step 4 (M M A M M M A), GQA 4:2, one full and one windowed attention layer, other eps/theta.
-        ("step4", dict(num_hidden_layers=7, mamba_step=4, num_key_value_heads=2, full_attention_idx=[2],
-                       rope_theta=5e5, rms_norm_eps=1e-5, tie_word_embeddings=False, attention_window_size=7)),
+        (
+            "step4",
+            dict(
+                num_hidden_layers=7,
+                mamba_step=4,
+                num_key_value_heads=2,
+                full_attention_idx=[2],
+                rope_theta=5e5,
+                rms_norm_eps=1e-5,
+                tie_word_embeddings=False,
+                attention_window_size=7,
+            ),
+        ),
         # Hkv = Hq (no grouping), d_conv 2.
         ("mha", dict(num_key_value_heads=4, mamba_d_conv=2, attention_window_size=3)),
     ],
-)  # fmt: skip
+)
 def test_reference_matches_independent_custom_configs(
     custom_checkpoint: Callable[..., Path], name: str, overrides: dict
 ) -> None:

@@ -144,16 +144,21 @@ def test_attention_vs_sdpa(Tq: int, Tk: int, Hq: int, Hkv: int, window: int | No
     if Hkv < Hq:
         # PyTorch's own GQA expansion agrees, and tiled grouping (h -> h % Hkv) would not.
         o2 = F.scaled_dot_product_attention(
-            q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
-            attn_mask=ind.band_mask(Tq, Tk, window), enable_gqa=True,
-        ).transpose(0, 1)  # fmt: skip
+            q.transpose(0, 1),
+            k.transpose(0, 1),
+            v.transpose(0, 1),
+            attn_mask=ind.band_mask(Tq, Tk, window),
+            enable_gqa=True,
+        ).transpose(0, 1)
         assert_close(out, o2)
     if 1 < Hkv < Hq:
         tiled = torch.arange(Hq) % Hkv
         o3 = F.scaled_dot_product_attention(
-            q.transpose(0, 1), k[:, tiled].transpose(0, 1), v[:, tiled].transpose(0, 1),
+            q.transpose(0, 1),
+            k[:, tiled].transpose(0, 1),
+            v[:, tiled].transpose(0, 1),
             attn_mask=ind.band_mask(Tq, Tk, window),
-        ).transpose(0, 1)  # fmt: skip
+        ).transpose(0, 1)
         assert (out - o3).abs().max() > 1e-3
 
 

@@ -70,12 +70,15 @@ def test_existing_output_needs_force(tmp_path: Path) -> None:
     assert after.keys() == before.keys() and after["model.safetensors"] != before["model.safetensors"]
 
 
-@pytest.mark.parametrize(("kwargs", "match"), [
-    ({"preset": "plamo-2-2b"}, "unknown preset"),
-    ({"preset": "tiny", "dtype": "float8"}, "unknown dtype"),
-    ({"preset": "tiny", "files": 0}, "files"),
-    ({"preset": "tiny", "files": 57}, "files"),  # tiny has 56 tensors
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"preset": "plamo-2-2b"}, "unknown preset"),
+        ({"preset": "tiny", "dtype": "float8"}, "unknown dtype"),
+        ({"preset": "tiny", "files": 0}, "files"),
+        ({"preset": "tiny", "files": 57}, "files"),  # tiny has 56 tensors
+    ],
+)
 def test_bad_requests(tmp_path: Path, kwargs: dict, match: str) -> None:
     with pytest.raises(UserError, match=match):
         synth(tmp_path / "x", **kwargs)

@@ -37,12 +37,19 @@ RNG = torch.Generator().manual_seed(34)
 
 
 def yarn(theta: float, factor: float, original: int, truncate: bool = False) -> Rope:
-    return Rope(theta=theta, yarn_factor=factor, original_max_positions=original, beta_fast=32.0, beta_slow=1.0,
-                truncate=truncate)  # fmt: skip
+    return Rope(
+        theta=theta,
+        yarn_factor=factor,
+        original_max_positions=original,
+        beta_fast=32.0,
+        beta_slow=1.0,
+        truncate=truncate,
+    )
 
 
-def paper_frequencies(d: int, theta: float, factor: float, original: int, fast: float = 32.0,
-                      slow: float = 1.0) -> list[float]:  # fmt: skip
+def paper_frequencies(
+    d: int, theta: float, factor: float, original: int, fast: float = 32.0, slow: float = 1.0
+) -> list[float]:
     """YaRN in rotations (see the module doc); valid when both correction dimensions lie in [0, d - 1]."""
     out = []
     for i in range(d // 2):
@@ -60,9 +67,14 @@ def inside_the_head(d: int, theta: float, original: int, fast: float = 32.0, slo
 
 
 REAL_SHAPES = [  # (head dim, theta, L0, factor): PLaMo 3's and other released models' shapes
-    (128, 1e6, 4096, 4.0), (128, 1e6, 4096, 64.0), (128, 150_000.0, 2048, 8.0), (64, 1e4, 2048, 4.0),
-    (256, 1e7, 65536, 2.0), (128, 5e5, 8192, 16.0), (96, 1e6, 32768, 40.0),
-]  # fmt: skip
+    (128, 1e6, 4096, 4.0),
+    (128, 1e6, 4096, 64.0),
+    (128, 150_000.0, 2048, 8.0),
+    (64, 1e4, 2048, 4.0),
+    (256, 1e7, 65536, 2.0),
+    (128, 5e5, 8192, 16.0),
+    (96, 1e6, 32768, 40.0),
+]
 
 
 @pytest.mark.parametrize(("d", "theta", "original", "factor"), REAL_SHAPES)
@@ -75,8 +87,11 @@ def test_frequencies_are_the_papers_on_real_shapes(d: int, theta: float, origina
     assert scale == pytest.approx(0.1 * math.log(factor) + 1.0, rel=1e-15)
     # the ramp really blends here: several dimensions are neither kept nor fully divided
     plain = [theta ** (-2 * i / d) for i in range(d // 2)]
-    blended = [i for i, (f, p) in enumerate(zip(freqs.tolist(), plain, strict=True))
-               if not math.isclose(f, p, rel_tol=1e-9) and not math.isclose(f, p / factor, rel_tol=1e-9)]  # fmt: skip
+    blended = [
+        i
+        for i, (f, p) in enumerate(zip(freqs.tolist(), plain, strict=True))
+        if not math.isclose(f, p, rel_tol=1e-9) and not math.isclose(f, p / factor, rel_tol=1e-9)
+    ]
     assert len(blended) >= 3, blended
     # high frequencies (many turns in L0) keep their value, low ones are divided by the factor
     assert freqs[0].item() == plain[0] and freqs[-1].item() == pytest.approx(plain[-1] / factor, rel=1e-12)
@@ -94,7 +109,11 @@ def test_random_configurations_match_the_papers_terms() -> None:
         kept += 1
         freqs, _ = inv_freq(d, yarn(theta, factor, original))
         assert freqs.tolist() == pytest.approx(paper_frequencies(d, theta, factor, original), rel=1e-11), (
-            d, theta, original, factor)  # fmt: skip
+            d,
+            theta,
+            original,
+            factor,
+        )
     assert kept >= 100
 
 
@@ -103,11 +122,22 @@ def hf_yarn(d: int, rope: Rope) -> tuple[list[float], float]:
     from transformers import PretrainedConfig
     from transformers.modeling_rope_utils import _compute_yarn_parameters
 
-    params = {"rope_type": "yarn", "rope_theta": rope.theta, "factor": rope.yarn_factor, "beta_fast": rope.beta_fast,
-              "beta_slow": rope.beta_slow, "original_max_position_embeddings": rope.original_max_positions,
-              "truncate": rope.truncate}  # fmt: skip
-    cfg = PretrainedConfig(hidden_size=4 * d, num_attention_heads=4, head_dim=d, rope_parameters=params,
-                           max_position_embeddings=int(rope.original_max_positions * rope.yarn_factor))  # fmt: skip
+    params = {
+        "rope_type": "yarn",
+        "rope_theta": rope.theta,
+        "factor": rope.yarn_factor,
+        "beta_fast": rope.beta_fast,
+        "beta_slow": rope.beta_slow,
+        "original_max_position_embeddings": rope.original_max_positions,
+        "truncate": rope.truncate,
+    }
+    cfg = PretrainedConfig(
+        hidden_size=4 * d,
+        num_attention_heads=4,
+        head_dim=d,
+        rope_parameters=params,
+        max_position_embeddings=int(rope.original_max_positions * rope.yarn_factor),
+    )
     freqs, factor = _compute_yarn_parameters(cfg)
     return freqs.tolist(), float(factor)
 
@@ -138,8 +168,17 @@ def test_rotation_beyond_the_original_context_in_the_reference() -> None:
     of each angle computed one by one from the paper's frequencies and magnitude."""
     d, theta, original, factor = 128, 1e6, 4096, 8.0
     freqs, scale = inv_freq(d, yarn(theta, factor, original))
-    positions = [0, 1, original - 1, original, original + 1, 3 * original, int(original * factor) - 1,
-                 int(original * factor), 10 * int(original * factor)]  # fmt: skip
+    positions = [
+        0,
+        1,
+        original - 1,
+        original,
+        original + 1,
+        3 * original,
+        int(original * factor) - 1,
+        int(original * factor),
+        10 * int(original * factor),
+    ]
     x = torch.randn(len(positions), 2, d, dtype=torch.float64, generator=RNG)
     got = reference.rope(x, torch.tensor(positions), freqs, scale)
     want_f, m = paper_frequencies(d, theta, factor, original), 0.1 * math.log(factor) + 1.0
@@ -164,15 +203,22 @@ def yarn_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from plamo2_tools.model.plamo3 import FAMILY
     from plamo2_tools.model.synth import random_tensor, write_checkpoint
 
-    raw = FAMILY.preset_raw("tiny3") | {"num_hidden_layers": 2, "rope_theta": 20.0, "rope_scaling_factor": FACTOR,
-                                        "initial_context_length": ORIGINAL}  # fmt: skip
+    raw = FAMILY.preset_raw("tiny3") | {
+        "num_hidden_layers": 2,
+        "rope_theta": 20.0,
+        "rope_scaling_factor": FACTOR,
+        "initial_context_length": ORIGINAL,
+    }
     cfg = config_from_dict(raw)
     rope = cfg.rope_full
     assert rope.is_yarn and not rope.truncate and (rope.beta_fast, rope.beta_slow) == (32.0, 1.0)
     freqs = inv_freq(cfg.head_dim, rope)[0].tolist()
     plain = [20.0 ** (-2 * i / cfg.head_dim) for i in range(cfg.head_dim // 2)]
-    blended = [i for i, (f, p) in enumerate(zip(freqs, plain, strict=True))
-               if not math.isclose(f, p) and not math.isclose(f, p / FACTOR)]  # fmt: skip
+    blended = [
+        i
+        for i, (f, p) in enumerate(zip(freqs, plain, strict=True))
+        if not math.isclose(f, p) and not math.isclose(f, p / FACTOR)
+    ]
     assert len(blended) >= 3
     path = tmp_path_factory.mktemp("yarn") / "ckpt"
     write_checkpoint(path, cfg, lambda n, s: random_tensor(cfg, n, s, 7), torch.float32, tokenizer=False)

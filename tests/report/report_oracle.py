@@ -56,8 +56,9 @@ def task_config(data_files: dict[str, str], cache_dir: Path) -> dict[str, Any]:
     import yaml
 
     cfg = yaml.safe_load((Path(lm_eval.tasks.__file__).parent / "gsm8k" / "gsm8k.yaml").read_text())
-    cfg.update(dataset_path="json", dataset_name=None,
-               dataset_kwargs={"data_files": data_files, "cache_dir": str(cache_dir)})  # fmt: skip
+    cfg.update(
+        dataset_path="json", dataset_name=None, dataset_kwargs={"data_files": data_files, "cache_dir": str(cache_dir)}
+    )
     return cfg
 
 

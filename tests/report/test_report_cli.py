@@ -15,9 +15,14 @@ from report_helpers import Cli, assert_png, assert_tables_well_formed, image_lin
 from plamo2_tools.report import build_report
 
 SECTION_ORDER = [
-    "## lm-eval results", "## Verify", "## Convert benchmark", "## Kernel benchmark", "## Runtime throughput",
-    "## Tool output", "## Inputs",
-]  # fmt: skip
+    "## lm-eval results",
+    "## Verify",
+    "## Convert benchmark",
+    "## Kernel benchmark",
+    "## Runtime throughput",
+    "## Tool output",
+    "## Inputs",
+]
 
 
 def test_mixed_directory_every_section_in_order(cli: Cli, fixtures: Path, tmp_path: Path) -> None:
@@ -93,8 +98,9 @@ def test_deterministic_bytes(cli: Cli, fixtures: Path, tmp_path: Path) -> None:
     cli("report", fixtures / "tools", "--out", out)
     stamped = out.read_text()
     generated = [line for line in stamped.splitlines() if line.startswith("_Generated ")]
-    assert len(generated) == 1 and re.fullmatch(r"_Generated \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC by plamo2-tools .+\._",
-                                                generated[0])  # fmt: skip
+    assert len(generated) == 1 and re.fullmatch(
+        r"_Generated \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC by plamo2-tools .+\._", generated[0]
+    )
     assert stamped.replace(generated[0] + "\n\n", "") == md
 
 

@@ -125,17 +125,25 @@ def test_recognised_by_kind_never_by_keys(tmp_path: Path) -> None:
     untagged = {k: v for k, v in verify.items() if k not in ("kind", "schema_version")}
     cases = {
         "untagged.json": (untagged, "not a recognised results file (keys: "),
-        "newer.json": ({**verify, "schema_version": 2}, "plamo2-verify schema_version 2: this plamo2-tools reads "
-                       "version 1"),
+        "newer.json": (
+            {**verify, "schema_version": 2},
+            "plamo2-verify schema_version 2: this plamo2-tools reads version 1",
+        ),
         "unversioned.json": ({**untagged, "kind": VERIFY_KIND}, "plamo2-verify schema_version None: "),
-        "other-kind.json": ({**verify, "kind": "plamo2-something"}, "kind 'plamo2-something' is not one this report "
-                            "reads"),
+        "other-kind.json": (
+            {**verify, "kind": "plamo2-something"},
+            "kind 'plamo2-something' is not one this report reads",
+        ),
         "broken-layouts.json": ({**verify, "layouts": {}}, "plamo2-verify version 1 without a valid layouts"),
-        "bool-count.json": ({"kind": CONVERT_KIND, "schema_version": 1, "tp": True, "pp": 1, "ranks": []},
-                            "plamo2-convert version 1 without a valid tp"),
-        "records.json": ([{"kernel": "ssd", "impl": "ours", "median_ms": 1.0}], "not a recognised results file (a "
-                         "JSON list)"),
-    }  # fmt: skip
+        "bool-count.json": (
+            {"kind": CONVERT_KIND, "schema_version": 1, "tp": True, "pp": 1, "ranks": []},
+            "plamo2-convert version 1 without a valid tp",
+        ),
+        "records.json": (
+            [{"kernel": "ssd", "impl": "ours", "median_ms": 1.0}],
+            "not a recognised results file (a JSON list)",
+        ),
+    }
     for name, (data, _) in cases.items():
         write(tmp_path / name, data)
     (tmp_path / "stream.jsonl").write_text('{"kernel": "ssd", "impl": "ours", "median_ms": 1.0}\n{"kernel": "x"}\n')
@@ -171,14 +179,16 @@ def test_what_the_tools_write_is_read(cli, checkpoint, tmp_path: Path) -> None:
     (out / "check.json").write_text(cli("check", shards, "--json").stdout)
     (out / "inspect-shards.json").write_text(cli("inspect", shards, "--json").stdout)
     (out / "inspect-hf.json").write_text(cli("inspect", src, "--json").stdout)
-    cli("verify", shards, "--reference", src, "--random", "1", "--max-new-tokens", "2",
-        "--output", out / "verify.json")  # fmt: skip
+    cli("verify", shards, "--reference", src, "--random", "1", "--max-new-tokens", "2", "--output", out / "verify.json")
     result = build_report([out], tmp_path / "r.md", timestamp=False)
     assert result.skipped == []
     assert sorted((Path(d.name).name, d.kind) for d in result.docs) == [
-        ("check.json", "check"), ("convert.json", "convert"), ("inspect-hf.json", "inspect"),
-        ("inspect-shards.json", "inspect"), ("verify.json", "verify"),
-    ]  # fmt: skip
+        ("check.json", "check"),
+        ("convert.json", "convert"),
+        ("inspect-hf.json", "inspect"),
+        ("inspect-shards.json", "inspect"),
+        ("verify.json", "verify"),
+    ]
 
 
 def test_every_committed_result_is_recognised() -> None:

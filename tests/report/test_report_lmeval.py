@@ -38,9 +38,12 @@ def test_comparison_with_reference_and_limit_warning(fixtures: Path, tmp_path: P
     header = next(r for r in rows if r[:4] == ["Task", "n-shot", "Filter", "Metric"])
     # Each published layout's reference sits right after the last run of that layout.
     assert header[4:] == [
-        "TP1×PP1 (run 1, --limit 2)", "TP1×PP1 (run 2)", "vLLM reference TP1×PP1 (published)",
-        "TP2×PP2 (run 3)", "vLLM reference TP2×PP2 (published)",
-    ]  # fmt: skip
+        "TP1×PP1 (run 1, --limit 2)",
+        "TP1×PP1 (run 2)",
+        "vLLM reference TP1×PP1 (published)",
+        "TP2×PP2 (run 3)",
+        "vLLM reference TP2×PP2 (published)",
+    ]
     assert ["gsm8k", "5", "flexible-extract", "exact_match", "1.0000", "0.3333", "0.202", "0.6667", "0.205"] in rows
     assert ["gsm8k", "5", "strict-match", "exact_match", "1.0000", "1.0000", "0.520", "1.0000", "0.517"] in rows
     samples = next(r for r in rows if r[3:4] == ["samples (effective / original)"])

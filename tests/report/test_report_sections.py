@@ -30,12 +30,42 @@ def row(rows: list[list[str]], first: str, column: int = 0) -> list[str]:
 def test_verify_table_per_layout_and_plot(fixtures: Path, tmp_path: Path) -> None:
     md, result = render(tmp_path, fixtures / "verify")
     rows = table_rows(md)
-    assert rows.count(["Layout", "Shards", "dtype", "Ranks", "Launch", "Backend", "max \\|Δlogit\\|", "max rel err",
-                       "mean KL", "top-1", "greedy match", "logprobs close", "Thresholds", "Result"]) == 2  # fmt: skip
+    assert (
+        rows.count(
+            [
+                "Layout",
+                "Shards",
+                "dtype",
+                "Ranks",
+                "Launch",
+                "Backend",
+                "max \\|Δlogit\\|",
+                "max rel err",
+                "mean KL",
+                "top-1",
+                "greedy match",
+                "logprobs close",
+                "Thresholds",
+                "Result",
+            ]
+        )
+        == 2
+    )
     assert row(rows, "TP2×PP2")[1:] == [
-        "`shards/tp2pp2-bf16`", "bfloat16", "4", "torchrun", "triton/cuda", "4.10e-01", "8.70e-02", "1.20e-02",
-        "0.8500", "0.250 (8/32)", "no", "max_rel_err < 0.1, mean_kl < 0.01, top1_agreement ≥ 0.9", "**FAIL**",
-    ]  # fmt: skip
+        "`shards/tp2pp2-bf16`",
+        "bfloat16",
+        "4",
+        "torchrun",
+        "triton/cuda",
+        "4.10e-01",
+        "8.70e-02",
+        "1.20e-02",
+        "0.8500",
+        "0.250 (8/32)",
+        "no",
+        "max_rel_err < 0.1, mean_kl < 0.01, top1_agreement ≥ 0.9",
+        "**FAIL**",
+    ]
     tp4 = row(rows, "TP4×PP1")
     assert tp4[6:9] == ["0", "0", "0"] and tp4[-1] == "pass" and tp4[10] == "1.000 (128/128)"
     assert "verify-bf16.json`: **FAILED**" in md and "verify-cpu.json`: passed" in md
@@ -92,27 +122,105 @@ def bench_kernels_py_records() -> list[dict]:
     """Records shaped like bench/kernels.py writes them (sections, flat shape fields, ms_p50, graph timings)."""
     return [
         {"section": "env", "torch": "2.11.0", "device": "NVIDIA H200", "copy_GBps": 4270.0, "t": 0.5},
-        {"section": "check", "kernel": "ssd_chunk_scan", "impl": "triton", "dtype": "torch.bfloat16",
-         "rel_err": 3.4e-3, "ok": True, "model": "1b", "Q": 256, "T": 2048, "config": "BLOCK_M: 64, num_warps: 4"},
-        {"section": "check", "kernel": "ssd_chunk_scan", "impl": "triton", "dtype": "torch.bfloat16",
-         "rel_err": 2.0e-2, "ok": False, "model": "1b", "Q": 128, "T": 2048},
-        {"section": "perf", "kernel": "ssd_chunk_scan", "impl": "triton_Q256", "model": "1b", "layout": "B1",
-         "T": 2048, "S": 1, "first_call_s": 2.5, "ms_p20": 0.60, "ms_p50": 0.62, "ms_p80": 0.65, "GBps": 900.0,
-         "frac_copy": 0.21, "TFLOPs": 35.0, "frac_matmul": 0.05, "graph_ms_p20": 0.50, "graph_ms_p50": 0.51,
-         "graph_ms_p80": 0.52, "graph_GBps": 1100.0, "t": 10.0},
-        {"section": "perf", "kernel": "ssd_chunk_scan", "impl": "triton_Q128", "model": "1b", "layout": "B1",
-         "T": 2048, "S": 1, "ms_p20": 0.70, "ms_p50": 0.71, "ms_p80": 0.75, "t": 11.0},
-        {"section": "perf", "kernel": "ssd_chunk_scan", "impl": "mamba_ssm_Q256", "model": "1b", "layout": "B1",
-         "T": 2048, "S": 1, "ms_p20": 1.05, "ms_p50": 1.09, "ms_p80": 1.12, "graph_ms_p50": 1.02, "t": 12.0},
-        {"section": "ratio", "kernel": "ssd_chunk_scan", "model": "1b", "layout": "B1", "T": 2048, "S": 1,
-         "peer": "mamba_ssm", "ours_over_peer_time": 0.569, "t": 12.1},
-        {"section": "perf", "kernel": "ssd_chunk_scan", "impl": "torch", "model": "1b", "layout": "B1", "T": 2048,
-         "S": 1, "error": "RuntimeError('out of memory')", "t": 13.0},
+        {
+            "section": "check",
+            "kernel": "ssd_chunk_scan",
+            "impl": "triton",
+            "dtype": "torch.bfloat16",
+            "rel_err": 3.4e-3,
+            "ok": True,
+            "model": "1b",
+            "Q": 256,
+            "T": 2048,
+            "config": "BLOCK_M: 64, num_warps: 4",
+        },
+        {
+            "section": "check",
+            "kernel": "ssd_chunk_scan",
+            "impl": "triton",
+            "dtype": "torch.bfloat16",
+            "rel_err": 2.0e-2,
+            "ok": False,
+            "model": "1b",
+            "Q": 128,
+            "T": 2048,
+        },
+        {
+            "section": "perf",
+            "kernel": "ssd_chunk_scan",
+            "impl": "triton_Q256",
+            "model": "1b",
+            "layout": "B1",
+            "T": 2048,
+            "S": 1,
+            "first_call_s": 2.5,
+            "ms_p20": 0.60,
+            "ms_p50": 0.62,
+            "ms_p80": 0.65,
+            "GBps": 900.0,
+            "frac_copy": 0.21,
+            "TFLOPs": 35.0,
+            "frac_matmul": 0.05,
+            "graph_ms_p20": 0.50,
+            "graph_ms_p50": 0.51,
+            "graph_ms_p80": 0.52,
+            "graph_GBps": 1100.0,
+            "t": 10.0,
+        },
+        {
+            "section": "perf",
+            "kernel": "ssd_chunk_scan",
+            "impl": "triton_Q128",
+            "model": "1b",
+            "layout": "B1",
+            "T": 2048,
+            "S": 1,
+            "ms_p20": 0.70,
+            "ms_p50": 0.71,
+            "ms_p80": 0.75,
+            "t": 11.0,
+        },
+        {
+            "section": "perf",
+            "kernel": "ssd_chunk_scan",
+            "impl": "mamba_ssm_Q256",
+            "model": "1b",
+            "layout": "B1",
+            "T": 2048,
+            "S": 1,
+            "ms_p20": 1.05,
+            "ms_p50": 1.09,
+            "ms_p80": 1.12,
+            "graph_ms_p50": 1.02,
+            "t": 12.0,
+        },
+        {
+            "section": "ratio",
+            "kernel": "ssd_chunk_scan",
+            "model": "1b",
+            "layout": "B1",
+            "T": 2048,
+            "S": 1,
+            "peer": "mamba_ssm",
+            "ours_over_peer_time": 0.569,
+            "t": 12.1,
+        },
+        {
+            "section": "perf",
+            "kernel": "ssd_chunk_scan",
+            "impl": "torch",
+            "model": "1b",
+            "layout": "B1",
+            "T": 2048,
+            "S": 1,
+            "error": "RuntimeError('out of memory')",
+            "t": 13.0,
+        },
         {"section": "skip", "kernel": "ssd_chunk_scan", "impl": "torch", "reason": "budget", "model": "8b", "t": 14.0},
         {"section": "done", "what": "ssd", "seconds": 14.2, "t": 14.2},
         {"section": "error", "what": "norms", "error": "ImportError('x')", "t": 15.0},
         {"section": "final", "checks": 2, "failed_checks": 1, "seconds": 15.5, "t": 15.5},
-    ]  # fmt: skip
+    ]
 
 
 def test_kernel_bench_py_output(tmp_path: Path) -> None:
@@ -183,10 +291,17 @@ def test_convert_bench_in_bench_convert_py_schema(tmp_path: Path) -> None:
         "baseline": {"cp_s": 6.0, "cp_sync_s": 8.0},
         "targets": {"ratio": 1.5, "peak_rss_bytes": 1_356_070_912},
         "results": [
-            {"tp": 2, "pp": 1, "wall_s": 12.0, "ratio_vs_cp": 2.0, "ratio_vs_cp_sync": 1.5,
-             "peak_rss_bytes": 500_000_000, "targets": {"ratio_vs_cp<=1.5": False, "peak_rss<=largest+512MiB": True}},
+            {
+                "tp": 2,
+                "pp": 1,
+                "wall_s": 12.0,
+                "ratio_vs_cp": 2.0,
+                "ratio_vs_cp_sync": 1.5,
+                "peak_rss_bytes": 500_000_000,
+                "targets": {"ratio_vs_cp<=1.5": False, "peak_rss<=largest+512MiB": True},
+            },
         ],
-    }  # fmt: skip
+    }
     path = tmp_path / "bench.json"
     path.write_text(json.dumps(data))
     md, result = render(tmp_path, path)
@@ -204,24 +319,57 @@ def test_convert_bench_where_the_time_goes(tmp_path: Path) -> None:
         "baseline": {"cp_s": 4.0, "cp_sync_s": 6.0},
         "targets": {"ratio": 1.1},
         "results": [
-            {"tp": 2, "pp": 1, "options": "", "wall_s": 8.5, "convert_seconds": 5.0, "user_s": 7.0, "sys_s": 5.5,
-             "ratio_vs_cp": 2.125, "ratio_vs_cp_sync": 1.4167, "peak_rss_bytes": 800_000_000, "targets": {},
-             "copy": {"bytes": {"copy_file_range": 3_600_000_000, "user": 0, "gather": 1_500_000_000,
-                                "compute": 1_000}}},
-            {"tp": 2, "pp": 1, "options": "--copy user", "wall_s": 9.0, "convert_seconds": 5.5, "user_s": 7.0,
-             "sys_s": 5.0, "ratio_vs_cp": 2.25, "ratio_vs_cp_sync": 1.5, "peak_rss_bytes": 800_000_000, "targets": {},
-             "copy": {"bytes": {"copy_file_range": 0, "user": 3_600_000_000, "gather": 1_500_000_000,
-                                "compute": 1_000}}},
+            {
+                "tp": 2,
+                "pp": 1,
+                "options": "",
+                "wall_s": 8.5,
+                "convert_seconds": 5.0,
+                "user_s": 7.0,
+                "sys_s": 5.5,
+                "ratio_vs_cp": 2.125,
+                "ratio_vs_cp_sync": 1.4167,
+                "peak_rss_bytes": 800_000_000,
+                "targets": {},
+                "copy": {
+                    "bytes": {"copy_file_range": 3_600_000_000, "user": 0, "gather": 1_500_000_000, "compute": 1_000}
+                },
+            },
+            {
+                "tp": 2,
+                "pp": 1,
+                "options": "--copy user",
+                "wall_s": 9.0,
+                "convert_seconds": 5.5,
+                "user_s": 7.0,
+                "sys_s": 5.0,
+                "ratio_vs_cp": 2.25,
+                "ratio_vs_cp_sync": 1.5,
+                "peak_rss_bytes": 800_000_000,
+                "targets": {},
+                "copy": {
+                    "bytes": {"copy_file_range": 0, "user": 3_600_000_000, "gather": 1_500_000_000, "compute": 1_000}
+                },
+            },
         ],
         "blob_check": {"split": "tp2_pp1", "verify_blobs_s": 9.5, "no_verify_blobs_s": 8.5},
-    }  # fmt: skip
+    }
     path = tmp_path / "bench.json"
     path.write_text(json.dumps(data))
     md, result = render(tmp_path, path)
     rows = table_rows(md)
     assert ["TP2×PP1 `--copy user`", "9.000 s", "2.25×", "1.50×", "800.0 MB", "yes"] in rows
     assert ["TP2×PP1", "", "5.000 s", "3.500 s", "7.000 s + 5.500 s", "3.600 GB", "0 B", "1.500 GB", "1.0 kB"] in rows
-    assert ["TP2×PP1", "`--copy user`", "5.500 s", "3.500 s", "7.000 s + 5.000 s", "0 B", "3.600 GB", "1.500 GB",
-            "1.0 kB"] in rows  # fmt: skip
+    assert [
+        "TP2×PP1",
+        "`--copy user`",
+        "5.500 s",
+        "3.500 s",
+        "7.000 s + 5.000 s",
+        "0 B",
+        "3.600 GB",
+        "1.500 GB",
+        "1.0 kB",
+    ] in rows
     assert "xxh3-128 6.8 GB/s" in md and "9.500 s with `--verify-blobs`" in md and "8.500 s without" in md
     assert len(result.plots) == 1

@@ -26,12 +26,24 @@ def request_of(step: dict[str, Any]) -> GenerationRequest:
     return GenerationRequest(step["id"], tuple(step["prompt"]), int(step["max_tokens"]), **extra)
 
 
-def scripted_session(rt: Any, script: list[dict[str, Any]], max_batch: int, max_context: int, sync_every: int = 8,
-                     eos: list[int] | None = None, timeout: float = 120.0) -> dict[str, Any] | None:  # fmt: skip
+def scripted_session(
+    rt: Any,
+    script: list[dict[str, Any]],
+    max_batch: int,
+    max_context: int,
+    sync_every: int = 8,
+    eos: list[int] | None = None,
+    timeout: float = 120.0,
+) -> dict[str, Any] | None:
     """Run the script on an online loop over `rt`; rank 0 returns, per request id, its tokens,
     finish reason and stop reason (and the loop's stats); other ranks return None."""
-    loop = OnlineLoop(rt, max_batch=max_batch, max_context=max_context, sync_every=sync_every,
-                      eos_token_ids=eos if eos is not None else [])  # fmt: skip
+    loop = OnlineLoop(
+        rt,
+        max_batch=max_batch,
+        max_context=max_context,
+        sync_every=sync_every,
+        eos_token_ids=eos if eos is not None else [],
+    )
     loop.start()
     if not rt.is_main:
         loop.join()
@@ -82,8 +94,12 @@ def scripted_session(rt: Any, script: list[dict[str, Any]], max_batch: int, max_
     deadline = time.monotonic() + timeout
     for rid, h in handles.items():
         final = h.result(max(0.1, deadline - time.monotonic()))
-        out[rid] = {"tokens": list(h.tokens), "reason": final.finish_reason, "stop_reason": final.stop_reason,
-                    "error": final.error}  # fmt: skip
+        out[rid] = {
+            "tokens": list(h.tokens),
+            "reason": final.finish_reason,
+            "stop_reason": final.stop_reason,
+            "error": final.error,
+        }
     for t in timers:
         t.join()
     loop.close(cancel=False, timeout=timeout)

@@ -108,9 +108,14 @@ def test_stops_cut_exactly_despite_delayed_checks(shards, stop_kind, sync_every)
         stop = stop_kind([f[:n] for f, n in zip(free, cut, strict=True)])
         streamed: dict[int, list[int]] = {}
         got = rt.generate(
-            seqs, 24, eos_token_ids=[eos_token], stop=stop, max_batch=2, sync_every=sync_every,
+            seqs,
+            24,
+            eos_token_ids=[eos_token],
+            stop=stop,
+            max_batch=2,
+            sync_every=sync_every,
             on_token=lambda i, t: streamed.setdefault(i, []).append(t),
-        ).tokens  # fmt: skip
+        ).tokens
     want = [replay(f, {eos_token}, PrefixStop(stop.targets), i) for i, f in enumerate(free)]
     assert got == want
     assert [len(w) for w in want] != [24] * 5 and len(want[0]) == 3 and want[4][-1] == eos_token
@@ -201,8 +206,10 @@ def test_a_rows_token_depends_only_on_its_own_settings() -> None:
         logits = torch.randn(B, V, generator=g) * 0.5  # flat: the nucleus cuts often
         keys = torch.tensor([request_key(9, i) for i in range(B)])
         steps = torch.full((B,), step)
-        alone = [int(select_tokens(logits[i : i + 1], keys[i : i + 1], steps[i : i + 1], t, p)) for i, (t, p) in
-                 enumerate(settings)]  # fmt: skip
+        alone = [
+            int(select_tokens(logits[i : i + 1], keys[i : i + 1], steps[i : i + 1], t, p))
+            for i, (t, p) in enumerate(settings)
+        ]
         assert select_rows(logits, keys, steps, temps, tops, "top_p").tolist() == alone
         plain = [i for i, (t, p) in enumerate(settings) if mode_of(t, p) != "top_p"]
         idx = torch.tensor(plain)

@@ -67,8 +67,9 @@ def test_graph_replay_equals_eager_bit_for_bit(gpu_shards, mode, temps, tops) ->
         while any(d < len(r.prompt) for d, r in zip(group.done, reqs, strict=True)):
             group.step()
         first = group.logits.argmax(-1)
-        runner.admit(list(range(5)), group.states, first, [len(r.prompt) for r in reqs], [r.key for r in reqs],
-                     temps, tops)  # fmt: skip
+        runner.admit(
+            list(range(5)), group.states, first, [len(r.prompt) for r in reqs], [r.key for r in reqs], temps, tops
+        )
         for _ in range(3):  # a few steps in, so the states are not the prefill's
             runner.step(5, mode)
         before = [t.clone() for t in snapshot(runner)]
@@ -125,8 +126,10 @@ def test_online_loop_with_graphs_equals_eager(gpu_shards) -> None:
             seqs = prompts(rt.config.vocab_size, [3, 50, 17, 9, 31, 64, 5])
             settings = [(0.0, 1.0), (0.9, 0.95), (0.7, 1.0), (0.0, 1.0), (1.2, 0.5), (0.8, 1.0), (0.0, 1.0)]
             with OnlineLoop(rt, max_batch=4, max_context=128, eos_token_ids=[]) as loop:
-                requests = [GenerationRequest(f"r{i}", tuple(p), 12, temperature=t, top_p=q, seed=4, stream=i)
-                            for i, (p, (t, q)) in enumerate(zip(seqs, settings, strict=True))]  # fmt: skip
+                requests = [
+                    GenerationRequest(f"r{i}", tuple(p), 12, temperature=t, top_p=q, seed=4, stream=i)
+                    for i, (p, (t, q)) in enumerate(zip(seqs, settings, strict=True))
+                ]
                 handles = [loop.submit(r) for r in requests]
                 for h in handles:
                     h.result(120)

@@ -19,8 +19,21 @@ from plamo2_tools.runtime.batching.generation import generate_job
 from plamo2_tools.runtime.process.jobs import run_job
 
 MINI_GSM8K = Path(__file__).parents[1] / "eval" / "data" / "gsm8k_mini"
-EVAL = ("--tasks", "gsm8k", "--gsm8k-dir", MINI_GSM8K, "--allow-unverified-data", "--limit", "2",
-        "--num-fewshot", "0", "--max-gen-toks", "4", "--bootstrap-iters", "0")  # fmt: skip
+EVAL = (
+    "--tasks",
+    "gsm8k",
+    "--gsm8k-dir",
+    MINI_GSM8K,
+    "--allow-unverified-data",
+    "--limit",
+    "2",
+    "--num-fewshot",
+    "0",
+    "--max-gen-toks",
+    "4",
+    "--bootstrap-iters",
+    "0",
+)
 PART = "20000"  # bytes: the tiny model's ranks in 3+ files each
 PROMPTS = [[5, 17, 99, 3, 250], [7, 8]]
 
@@ -66,8 +79,9 @@ def _generate(cli, shards: Path, *extra: str) -> list[int]:  # type: ignore[no-u
     return json.loads(r.stdout)["tokens"]
 
 
-def test_damage_on_the_last_rank_and_part_is_refused_by_every_runner(cli, one_line_error, damaged, checkpoint,
-                                                                      tmp_path: Path) -> None:  # fmt: skip
+def test_damage_on_the_last_rank_and_part_is_refused_by_every_runner(
+    cli, one_line_error, damaged, checkpoint, tmp_path: Path
+) -> None:
     out, name = damaged(2, 2)
     commands = {
         "generate": ("generate", out, "--prompt", "hello", "--max-new-tokens", "2"),

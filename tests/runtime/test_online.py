@@ -40,21 +40,41 @@ def mixed_script(vocab: int) -> list[dict]:
     return [
         {"id": "a", "prompt": ids(vocab, 5, 1), "max_tokens": 12, "temperature": 0.0},
         {"id": "b", "prompt": ids(vocab, 30, 2), "max_tokens": 6, "temperature": 0.9, "top_p": 0.8, "seed": 3},
-        {"id": "c", "prompt": ids(vocab, 9, 3), "max_tokens": 15, "temperature": 0.7, "seed": 3, "stream": 1,
-         "after": ["a", 3]},
+        {
+            "id": "c",
+            "prompt": ids(vocab, 9, 3),
+            "max_tokens": 15,
+            "temperature": 0.7,
+            "seed": 3,
+            "stream": 1,
+            "after": ["a", 3],
+        },
         {"id": "d", "prompt": ids(vocab, 17, 4), "max_tokens": 4, "temperature": 0.0, "after": ["b", 2]},
         {"id": "e", "prompt": ids(vocab, 1, 5), "max_tokens": 9, "temperature": 1.3, "seed": 5, "after": ["c", 1]},
         {"id": "f", "prompt": ids(vocab, 45, 6), "max_tokens": 10, "temperature": 0.0, "sleep": 0.05},
-        {"id": "g", "prompt": ids(vocab, 13, 7), "max_tokens": 7, "temperature": 0.8, "top_p": 0.95, "seed": 9,
-         "after": ["d", 4]},
-    ]  # fmt: skip
+        {
+            "id": "g",
+            "prompt": ids(vocab, 13, 7),
+            "max_tokens": 7,
+            "temperature": 0.8,
+            "top_p": 0.95,
+            "seed": 9,
+            "after": ["d", 4],
+        },
+    ]
 
 
 def alone(rt: Runtime, step: dict) -> list[int]:
     """The request by itself, through Runtime.generate (one sequence, nothing else in the batch)."""
     r = request_of(step)
-    return rt.generate([list(r.prompt_token_ids)], r.max_tokens, temperature=r.temperature, top_p=r.top_p,
-                       seed=r.seed or 0, request_keys=[r.stream]).tokens[0]  # fmt: skip
+    return rt.generate(
+        [list(r.prompt_token_ids)],
+        r.max_tokens,
+        temperature=r.temperature,
+        top_p=r.top_p,
+        seed=r.seed or 0,
+        request_keys=[r.stream],
+    ).tokens[0]
 
 
 @pytest.fixture(scope="module")

@@ -118,8 +118,9 @@ def test_packed_prefill_equals_one_prompt_per_forward_plamo2(small_scan_shards, 
         assert compare(rt, None, None) == 1  # everything in one forward
 
 
-@pytest.mark.parametrize(("preset", "tp", "pp"), [("tiny-gqa", 1, 1), ("tiny-gqa", 2, 2), ("tiny3", 1, 1),
-                                               ("tiny3-mqa", 1, 2)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("preset", "tp", "pp"), [("tiny-gqa", 1, 1), ("tiny-gqa", 2, 2), ("tiny3", 1, 1), ("tiny3-mqa", 1, 2)]
+)
 def test_packed_prefill_equals_one_prompt_per_forward(shards, preset, tp, pp) -> None:
     with Runtime(shards(preset, tp, pp, seed=11), backend="torch") as rt:
         compare(rt, CHUNK, BUDGET)

@@ -29,8 +29,13 @@ def _prompts(preset: str) -> list[list[int]]:
 def _reference(checkpoint, preset: str, convention: str):
     key = (preset, convention)
     if key not in _REFERENCE:
-        _REFERENCE[key] = reference_outputs(checkpoint(preset, seed=9), _prompts(preset), STEPS, torch.float64,
-                                            forward_options={"window_convention": convention})  # fmt: skip
+        _REFERENCE[key] = reference_outputs(
+            checkpoint(preset, seed=9),
+            _prompts(preset),
+            STEPS,
+            torch.float64,
+            forward_options={"window_convention": convention},
+        )
     return _REFERENCE[key]
 
 

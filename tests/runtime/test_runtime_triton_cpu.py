@@ -54,10 +54,21 @@ def test_triton_runtime_on_cpu_matches_the_reference(tmp_path: Path, shards, che
     out = tmp_path / "outputs"
     env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(
-        [sys.executable, "-c", CHILD, str(shards(preset, 1, 1, seed=11)), json.dumps(prompts), str(STEPS), str(out),
-         json.dumps(options)],
-        env=env, capture_output=True, text=True, timeout=900,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-c",
+            CHILD,
+            str(shards(preset, 1, 1, seed=11)),
+            json.dumps(prompts),
+            str(STEPS),
+            str(out),
+            json.dumps(options),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = load_result(out)
     assert got.pop("kernels") == "triton"

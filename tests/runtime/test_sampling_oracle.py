@@ -87,8 +87,9 @@ def test_every_sampled_token_is_the_rule_applied_to_its_logits(shards, moves, te
     with Runtime(shards("tiny", 1, 1, seed=11), backend="torch") as rt:
         g = torch.Generator().manual_seed(3)
         prompts = [torch.randint(3, rt.config.vocab_size, (n,), generator=g).tolist() for n in LENGTHS]
-        out = rt.generate(prompts, LIMITS, temperature=temperature, top_p=top_p, seed=seed, return_logits=True,
-                          sync_every=2)  # fmt: skip
+        out = rt.generate(
+            prompts, LIMITS, temperature=temperature, top_p=top_p, seed=seed, return_logits=True, sync_every=2
+        )
     assert moves, "no slot was compacted: the test does not reach the code it is about"
     assert [len(t) for t in out.tokens] == LIMITS
     checked = 0

@@ -41,10 +41,12 @@ class LoopSpy:
 
         def decode_step(self: Any, mode: str) -> None:
             sched = self.sched
-            spy.steps.append({
-                "slots": [None if o is None else spy.name(sched.requests[o]) for o in sched.slot_owner],
-                "waiting": [spy.name(sched.requests[i]) for i in sched.pending],
-            })  # fmt: skip
+            spy.steps.append(
+                {
+                    "slots": [None if o is None else spy.name(sched.requests[o]) for o in sched.slot_owner],
+                    "waiting": [spy.name(sched.requests[i]) for i in sched.pending],
+                }
+            )
             spy.trace.append("d")
             return real_step(self, mode)
 

@@ -40,14 +40,18 @@ def library(path: Path) -> dict[str, torch.Tensor]:
 
 
 def same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.reshape(-1).view(torch.uint8),
-                                                                      b.reshape(-1).view(torch.uint8))  # fmt: skip
+    return (
+        a.dtype == b.dtype
+        and a.shape == b.shape
+        and torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8))
+    )
 
 
 @pytest.mark.parametrize("chunk", [7, 4096, weights.CHUNK])
 @pytest.mark.parametrize("which", ["v1", "v2", "current"])
-def test_loaded_tensors_are_the_files_bytes(current: Path, monkeypatch: pytest.MonkeyPatch, chunk: int,
-                                            which: str) -> None:  # fmt: skip
+def test_loaded_tensors_are_the_files_bytes(
+    current: Path, monkeypatch: pytest.MonkeyPatch, chunk: int, which: str
+) -> None:
     """7-byte pieces cut every tensor at odd places; every rank's every file, every tensor."""
     monkeypatch.setattr(weights, "CHUNK", chunk)
     path = {"v1": FIXTURES / "v1-tiny-edge-tp2pp2", "v2": FIXTURES / "v2-tiny-edge-tp2pp2", "current": current}[which]

@@ -44,12 +44,21 @@ def run() -> Run:
     """run(*ARGS, timeout=120, input=None, memory=None): `python -m plamo2_tools.cli ARGS` as a
     user runs it; `memory` caps its address space in bytes (`ulimit -v`)."""
 
-    def call(*args: str | int | Path, timeout: float = 120, input: str | None = None,
-             memory: int | None = None) -> subprocess.CompletedProcess:  # fmt: skip
+    def call(
+        *args: str | int | Path, timeout: float = 120, input: str | None = None, memory: int | None = None
+    ) -> subprocess.CompletedProcess:
         cmd = [sys.executable, "-m", "plamo2_tools.cli", *map(str, args)]
         env = cli_env() if memory is None else {**cli_env(), "OMP_NUM_THREADS": "1", "MALLOC_ARENA_MAX": "2"}
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, input=input,
-                              cwd=ROOT, preexec_fn=memory_limit(memory))  # fmt: skip
+        return subprocess.run(
+            cmd,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=env,
+            input=input,
+            cwd=ROOT,
+            preexec_fn=memory_limit(memory),
+        )
 
     return call
 

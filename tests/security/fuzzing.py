@@ -30,15 +30,58 @@ from typer.testing import CliRunner
 
 LIMIT_S = 30  # one input: far above the slowest honest run here (a tiny convert, ~0.3 s)
 DEEP = "__PLAMO2_FUZZ_DEEP__"  # replaced by nesting of a drawn depth when the text is written
-HOSTILE_NAMES = ["../outside/secret.txt", "/etc/hostname", "a/b", "", ".", "..", "x\x00y", "x" * 300,
-                 "plamo2_shards.json", ".plamo2.lock", "config.json"]  # fmt: skip
-OPTION_VALUES = ["inf", "-inf", "nan", "1e400", "-1", "0", "1", "2", "3", "7", "0x10", "", " ", "5GiB", "1e30",
-                 "9" * 40, "auto", "bfloat16", "1,1", "2,2", "-3,7", "1.5", "true", "Ⅻ", "1e-300"]  # fmt: skip
+HOSTILE_NAMES = [
+    "../outside/secret.txt",
+    "/etc/hostname",
+    "a/b",
+    "",
+    ".",
+    "..",
+    "x\x00y",
+    "x" * 300,
+    "plamo2_shards.json",
+    ".plamo2.lock",
+    "config.json",
+]
+OPTION_VALUES = [
+    "inf",
+    "-inf",
+    "nan",
+    "1e400",
+    "-1",
+    "0",
+    "1",
+    "2",
+    "3",
+    "7",
+    "0x10",
+    "",
+    " ",
+    "5GiB",
+    "1e30",
+    "9" * 40,
+    "auto",
+    "bfloat16",
+    "1,1",
+    "2,2",
+    "-3,7",
+    "1.5",
+    "true",
+    "Ⅻ",
+    "1e-300",
+]
 
 # Numbers at the edges a config or a request meets: zero, negative, past int32/int64, huge floats.
 EDGE_NUMBERS = [0, -1, -64, 1, 2, 0.5, 1.0, 32.0, 2**31, 2**63, 10**9, 1e300, 1e308, -1e308, 5e-324]
-scalars = (st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats()
-           | st.text(max_size=12) | st.sampled_from(HOSTILE_NAMES) | st.just(DEEP))  # fmt: skip
+scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**70), 2**70)
+    | st.floats()
+    | st.text(max_size=12)
+    | st.sampled_from(HOSTILE_NAMES)
+    | st.just(DEEP)
+)
 json_values = st.recursive(
     scalars, lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=8), c, max_size=4), max_leaves=12
 )
@@ -113,8 +156,10 @@ def nudged_json(draw: st.DrawFn, base: Any) -> str:
         parent, old = _at(value, path[:-1]), _at(value, path)
         # a sibling's value too: two numbers a rule orders made equal (YaRN's beta_fast = beta_slow)
         siblings = [v for v in (parent.values() if isinstance(parent, dict) else parent) if _is_number(v)]
-        new = draw(st.sampled_from([0, -1, -64, 1, 10**9, 1e300, old * 2, old / 2, old + 1, old - 1, -old])
-                   | st.sampled_from(siblings))  # fmt: skip
+        new = draw(
+            st.sampled_from([0, -1, -64, 1, 10**9, 1e300, old * 2, old / 2, old + 1, old - 1, -old])
+            | st.sampled_from(siblings)
+        )
         parent[path[-1]] = int(new) if isinstance(old, int) and float(new).is_integer() else new
     return json.dumps(value, allow_nan=True)
 
@@ -204,8 +249,11 @@ def make_bases(root: Path) -> Bases:
         synth(path, path.name, seed=0)
     shards = root / "shards"
     results = {}
-    for name, args in (("convert", ["convert", ckpt, shards, "--tp", 2, "--json"]),
-                       ("check", ["check", shards, "--json"]), ("inspect", ["inspect", ckpt, "--json"])):  # fmt: skip
+    for name, args in (
+        ("convert", ["convert", ckpt, shards, "--tp", 2, "--json"]),
+        ("check", ["check", shards, "--json"]),
+        ("inspect", ["inspect", ckpt, "--json"]),
+    ):
         code, out, err = run_cli(args)
         assert code == 0, err
         results[name] = json.loads(out)
@@ -246,8 +294,17 @@ def manifest_target(draw: st.DrawFn, b: Bases, scratch: Path) -> tuple[list[str 
     shards = _scratch_copy(b.shards, scratch, "shards")
     text = draw(mutated_json(json.loads((shards / "plamo2_shards.json").read_text())))
     (shards / "plamo2_shards.json").write_text(text, errors="surrogatepass")
-    args = draw(st.sampled_from([["check", shards], ["check", shards], ["merge", shards, scratch / "merged"],
-                                 ["convert", shards, scratch / "tp1", "--tp", "1"], ["inspect", shards]]))  # fmt: skip
+    args = draw(
+        st.sampled_from(
+            [
+                ["check", shards],
+                ["check", shards],
+                ["merge", shards, scratch / "merged"],
+                ["convert", shards, scratch / "tp1", "--tp", "1"],
+                ["inspect", shards],
+            ]
+        )
+    )
     return args, None, text
 
 
@@ -297,8 +354,9 @@ def options_target(draw: st.DrawFn, b: Bases, scratch: Path) -> tuple[list[str |
     value = draw(st.sampled_from(OPTION_VALUES) | st.text(max_size=10))
     choice = draw(st.sampled_from(["convert", "merge", "generate", "tokenize"]))
     if choice == "convert":
-        option = draw(st.sampled_from(["--max-part-size", "--tp", "--pp", "--pp-layers", "--dtype", "--workers",
-                                       "--copy"]))  # fmt: skip
+        option = draw(
+            st.sampled_from(["--max-part-size", "--tp", "--pp", "--pp-layers", "--dtype", "--workers", "--copy"])
+        )
         args: list[str | Path] = ["convert", b.ckpt, scratch / "out", option, value]
     elif choice == "merge":
         args = ["merge", b.shards, scratch / "merged", "--max-part-size", value]
@@ -326,8 +384,19 @@ def plamo3_config_target(draw: st.DrawFn, b: Bases, scratch: Path) -> tuple[list
     return args, None, text
 
 
-PIECES = ["\ud800", "a\udfffb", "x" * 1025, "y" * 5000, "", "<0x41>", "<0xZZ>", "<|plamo:bos|>", "\uee00", " " * 64,
-          "\x00"]  # fmt: skip
+PIECES = [
+    "\ud800",
+    "a\udfffb",
+    "x" * 1025,
+    "y" * 5000,
+    "",
+    "<0x41>",
+    "<0xZZ>",
+    "<|plamo:bos|>",
+    "\uee00",
+    " " * 64,
+    "\x00",
+]
 SCORES = [1e308, -1e308, 2e5, 214748.3647, -214748.3648, 5e-324, -1000.0, -2000.0, float("nan"), float("inf"), 0, "1"]
 
 
@@ -348,17 +417,38 @@ def tokenizer_pieces_target(draw: st.DrawFn, b: Bases, scratch: Path) -> tuple[l
     lines = "".join(json.dumps(r, allow_nan=True) + "\n" for r in rows)
     (ckpt / "tokenizer.jsonl").write_text(lines)
     ids = json.dumps(draw(st.lists(st.integers(0, len(rows) + 2), min_size=1, max_size=6)))
-    args, stdin = draw(st.sampled_from([(["tokenize", ckpt], json.dumps(draw(st.text(max_size=20))) + "\n"),
-                                        (["tokenize", ckpt, "--decode"], ids + "\n"),
-                                        (["convert", ckpt, scratch / "out"], None)]))  # fmt: skip
+    args, stdin = draw(
+        st.sampled_from(
+            [
+                (["tokenize", ckpt], json.dumps(draw(st.text(max_size=20))) + "\n"),
+                (["tokenize", ckpt, "--decode"], ids + "\n"),
+                (["convert", ckpt, scratch / "out"], None),
+            ]
+        )
+    )
     return args, stdin, json.dumps(rows[-4:])[:2000]
 
 
-REQUEST = {"prompt": "hello", "max_tokens": 2, "temperature": 0.5, "top_p": 0.9, "seed": 1, "stop": ["x"], "n": 2,
-           "logprobs": 1, "echo": False, "ignore_eos": True}  # fmt: skip
-RECORD = {"index": 0, "input_sha256": "0" * 64, "choices": [{"index": 0, "text": "a", "logprobs": None,
-          "finish_reason": "length", "stop_reason": None, "token_ids": [1, 2]}],
-          "usage": {"prompt_tokens": 2, "completion_tokens": 2, "total_tokens": 4}}  # fmt: skip
+REQUEST = {
+    "prompt": "hello",
+    "max_tokens": 2,
+    "temperature": 0.5,
+    "top_p": 0.9,
+    "seed": 1,
+    "stop": ["x"],
+    "n": 2,
+    "logprobs": 1,
+    "echo": False,
+    "ignore_eos": True,
+}
+RECORD = {
+    "index": 0,
+    "input_sha256": "0" * 64,
+    "choices": [
+        {"index": 0, "text": "a", "logprobs": None, "finish_reason": "length", "stop_reason": None, "token_ids": [1, 2]}
+    ],
+    "usage": {"prompt_tokens": 2, "completion_tokens": 2, "total_tokens": 4},
+}
 
 
 def batch_target(draw: st.DrawFn, b: Bases, scratch: Path) -> tuple[list[Any], str | None, str]:
@@ -367,8 +457,11 @@ def batch_target(draw: st.DrawFn, b: Bases, scratch: Path) -> tuple[list[Any], s
     from plamo2_tools.serve.batch import run_header
     from plamo2_tools.shards.manifest import load_manifest
 
-    line = st.one_of(mutated_json(REQUEST), st.text(max_size=30).filter(lambda t: "\n" not in t and "\r" not in t),
-                     st.just(json.dumps(REQUEST)))  # fmt: skip
+    line = st.one_of(
+        mutated_json(REQUEST),
+        st.text(max_size=30).filter(lambda t: "\n" not in t and "\r" not in t),
+        st.just(json.dumps(REQUEST)),
+    )
     lines = draw(st.lists(line, min_size=1, max_size=4))
     src = scratch / "in.jsonl"
     src.write_text("\n".join(x.replace("\n", " ") for x in lines) + "\n", errors="surrogatepass")
@@ -384,10 +477,25 @@ def batch_target(draw: st.DrawFn, b: Bases, scratch: Path) -> tuple[list[Any], s
         records = [draw(mutated_json(dict(RECORD, index=i))) for i in range(draw(st.integers(0, 3)))]
         out.write_text(header + "\n" + "".join(r.replace("\n", " ") + "\n" for r in records), errors="surrogatepass")
     elif state == "header-mutated":
-        out.write_text(draw(mutated_json(json.loads(header))).replace("\n", " ") + "\n" + json.dumps(RECORD) + "\n",
-                       errors="surrogatepass")  # fmt: skip
-    args: list[Any] = ["generate", b.shards, "--input", src, "--output", out, "--max-new-tokens", "2", "--json",
-                       "--max-context", draw(st.sampled_from(["16", "64", "2"])), "--max-batch", "4"]  # fmt: skip
+        out.write_text(
+            draw(mutated_json(json.loads(header))).replace("\n", " ") + "\n" + json.dumps(RECORD) + "\n",
+            errors="surrogatepass",
+        )
+    args: list[Any] = [
+        "generate",
+        b.shards,
+        "--input",
+        src,
+        "--output",
+        out,
+        "--max-new-tokens",
+        "2",
+        "--json",
+        "--max-context",
+        draw(st.sampled_from(["16", "64", "2"])),
+        "--max-batch",
+        "4",
+    ]
     if draw(st.booleans()):
         args.append("--strict")
     return args, None, "\n".join(lines)[:2000]

@@ -81,8 +81,9 @@ def test_a_dangling_output_link_is_refused(run, one_line_error, tiny_shards, wor
 
 
 @pytest.mark.parametrize("kind", ["fifo", "socket", "directory"])
-def test_an_output_that_is_not_a_file_is_refused_at_once(run, one_line_error, tiny_shards, work, outside,
-                                                         kind: str) -> None:  # fmt: skip
+def test_an_output_that_is_not_a_file_is_refused_at_once(
+    run, one_line_error, tiny_shards, work, outside, kind: str
+) -> None:
     """main: a FIFO as --output hung (reading it to resume); here the run has 60 s."""
     src = _requests(work)
     out = work / "res.jsonl"
@@ -97,8 +98,7 @@ def test_an_output_that_is_not_a_file_is_refused_at_once(run, one_line_error, ti
     assert "not a file" in line or "not a regular file" in line, line
 
 
-def test_a_resume_with_another_model_or_settings_is_refused(run, one_line_error, tiny_shards, work,
-                                                            outside) -> None:  # fmt: skip
+def test_a_resume_with_another_model_or_settings_is_refused(run, one_line_error, tiny_shards, work, outside) -> None:
     """main matched records on the input line's hash alone: re-run with another model or another
     --max-new-tokens, it kept the old answers and exited 0.  Here: refused, naming what differs,
     the file byte for byte as it was; the same run resumes (nothing to do, the file unchanged)."""
@@ -149,11 +149,22 @@ def test_a_line_beyond_memory_is_exit_3(run, one_line_error, checkpoint, work) -
 
 def test_a_second_writer_is_refused_naming_the_first(run, one_line_error, tiny_shards, work) -> None:
     """main: both runs did the whole file, each appending its own answers to the one output."""
-    src = _requests(work, [json.dumps({"prompt": [1, 5 + i], "max_tokens": 200, "ignore_eos": True})
-                           for i in range(8)])  # fmt: skip
+    src = _requests(work, [json.dumps({"prompt": [1, 5 + i], "max_tokens": 200, "ignore_eos": True}) for i in range(8)])
     out = work / "res.jsonl"
-    cmd = [sys.executable, "-m", "plamo2_tools.cli", "generate", str(tiny_shards), "--input", str(src), "--output",
-           str(out), "--max-batch", "1", "--json"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "plamo2_tools.cli",
+        "generate",
+        str(tiny_shards),
+        "--input",
+        str(src),
+        "--output",
+        str(out),
+        "--max-batch",
+        "1",
+        "--json",
+    ]
     first = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=cli_env(), text=True, cwd=ROOT)
     try:
         lock = work / ".res.jsonl.plamo2.lock"
@@ -185,6 +196,7 @@ def test_lines_and_records_nested_too_deeply(run, one_line_error, tiny_shards, w
     r = _batch(run, tiny_shards, src, out)
     _ok(r)
     assert json.loads(r.stdout)["ran"] == 1 and out.read_bytes() == clean
-    line = one_line_error(_batch(run, tiny_shards, _requests(work, [REQUESTS[0], deep]), work / "b.jsonl",
-                                 "--strict"), 2)  # fmt: skip
+    line = one_line_error(
+        _batch(run, tiny_shards, _requests(work, [REQUESTS[0], deep]), work / "b.jsonl", "--strict"), 2
+    )
     assert "line 2: not valid JSON: nested too deeply" in line, line

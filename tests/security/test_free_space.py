@@ -20,16 +20,24 @@ from cli_env import ROOT, cli_env
 def _in_small_fs(mnt: Path, kib: int, *args: str | Path, input: str | None = None) -> subprocess.CompletedProcess:
     cli = " ".join(shlex.quote(str(a)) for a in [sys.executable, "-m", "plamo2_tools.cli", *args])
     script = f"mount -t tmpfs -o size={kib}k tmpfs {shlex.quote(str(mnt))} && {cli}"
-    return subprocess.run(["unshare", "-rm", "sh", "-c", script], capture_output=True, text=True, timeout=120, cwd=ROOT,
-                          env=cli_env(), input=input)  # fmt: skip
+    return subprocess.run(
+        ["unshare", "-rm", "sh", "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        env=cli_env(),
+        input=input,
+    )
 
 
 @pytest.fixture(scope="module")
 def can_mount(tmp_path_factory: pytest.TempPathFactory) -> None:
     mnt = tmp_path_factory.mktemp("probe")
     try:
-        r = subprocess.run(["unshare", "-rm", "sh", "-c", f"mount -t tmpfs -o size=64k tmpfs {mnt}"],
-                           capture_output=True, timeout=30)  # fmt: skip
+        r = subprocess.run(
+            ["unshare", "-rm", "sh", "-c", f"mount -t tmpfs -o size=64k tmpfs {mnt}"], capture_output=True, timeout=30
+        )
     except (OSError, subprocess.TimeoutExpired):
         pytest.skip("no unshare here")
     if r.returncode != 0:

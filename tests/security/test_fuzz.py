@@ -13,9 +13,18 @@ from fuzzing import TARGETS, Bases, make_bases, run_target
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-EXAMPLES = {"safetensors-header": 100, "manifest": 100, "config": 80, "tokenizer-rows": 50, "journal": 80,
-            "result-file": 100, "cli-options": 150, "plamo3-config": 40, "tokenizer-pieces": 60,
-            "batch-file": 25}  # fmt: skip
+EXAMPLES = {
+    "safetensors-header": 100,
+    "manifest": 100,
+    "config": 80,
+    "tokenizer-rows": 50,
+    "journal": 80,
+    "result-file": 100,
+    "cli-options": 150,
+    "plamo3-config": 40,
+    "tokenizer-pieces": 60,
+    "batch-file": 25,
+}
 
 
 @pytest.fixture(scope="module")
@@ -25,8 +34,13 @@ def bases(tmp_path_factory: pytest.TempPathFactory) -> Bases:
 
 @pytest.mark.parametrize("target", sorted(TARGETS))
 def test_fuzz(bases: Bases, target: str) -> None:
-    @settings(max_examples=EXAMPLES[target], deadline=None, derandomize=True, database=None,
-              suppress_health_check=list(HealthCheck))  # fmt: skip
+    @settings(
+        max_examples=EXAMPLES[target],
+        deadline=None,
+        derandomize=True,
+        database=None,
+        suppress_health_check=list(HealthCheck),
+    )
     @given(st.data())
     def one(data: st.DataObject) -> None:
         scratch = Path(tempfile.mkdtemp(prefix="plamo2-fuzz-"))

@@ -51,16 +51,22 @@ def test_config_too_large(run, one_line_error, checkpoint, work) -> None:
 
 @pytest.mark.parametrize(
     ("manifest", "says"),
-    [("[1, 2, 3]", "not a plamo2-shards manifest (the top level is a JSON array)"),
-     (DEEP, "JSON nested too deeply"),
-     ('{"format": "plamo2-shards", "format_version": 3, "hash": "xxh3-128", "mapping": []}', "malformed manifest"),
-     ('{"format": "plamo2-shards", "format_version": 1.5}', "format_version 1.5 is not supported")],
-)  # fmt: skip
+    [
+        ("[1, 2, 3]", "not a plamo2-shards manifest (the top level is a JSON array)"),
+        (DEEP, "JSON nested too deeply"),
+        ('{"format": "plamo2-shards", "format_version": 3, "hash": "xxh3-128", "mapping": []}', "malformed manifest"),
+        ('{"format": "plamo2-shards", "format_version": 1.5}', "format_version 1.5 is not supported"),
+    ],
+)
 def test_hostile_manifest(run, one_line_error, tiny_shards, work, manifest: str, says: str) -> None:
     shards = _copy(tiny_shards, work / "shards")
     (shards / MANIFEST).write_text(manifest)
-    for args in (["check", shards], ["merge", shards, work / "merged"], ["convert", shards, work / "tp1", "--tp", 1],
-                 ["generate", shards, "--prompt", "x", "--max-new-tokens", 1]):  # fmt: skip
+    for args in (
+        ["check", shards],
+        ["merge", shards, work / "merged"],
+        ["convert", shards, work / "tp1", "--tp", 1],
+        ["generate", shards, "--prompt", "x", "--max-new-tokens", 1],
+    ):
         line = one_line_error(run(*args), 2)
         assert says in line, (args, line)
 
@@ -89,13 +95,15 @@ def test_manifest_list_in_an_output_directory(run, one_line_error, checkpoint, w
 
 @pytest.mark.parametrize(
     ("header", "says"),
-    [(b'{"__metadata__": ["a", "b"]}', "__metadata__ must map names to strings"),
-     (b'{"a": ' + DEEP.encode() + b"}", "corrupt header: JSON nested too deeply"),
-     (b'{"a": {"dtype": "F32", "shape": [1e400], "data_offsets": [0, 4]}}', "corrupt header"),
-     (b'{"a": {"dtype": "F32", "shape": [-1], "data_offsets": [0, 4]}}', "corrupt header entry"),
-     (b'{"a": {"dtype": "F32", "shape": [true], "data_offsets": [0, 4]}}', "corrupt header entry"),
-     (b'{"a": []}', "corrupt header entry")],
-)  # fmt: skip
+    [
+        (b'{"__metadata__": ["a", "b"]}', "__metadata__ must map names to strings"),
+        (b'{"a": ' + DEEP.encode() + b"}", "corrupt header: JSON nested too deeply"),
+        (b'{"a": {"dtype": "F32", "shape": [1e400], "data_offsets": [0, 4]}}', "corrupt header"),
+        (b'{"a": {"dtype": "F32", "shape": [-1], "data_offsets": [0, 4]}}', "corrupt header entry"),
+        (b'{"a": {"dtype": "F32", "shape": [true], "data_offsets": [0, 4]}}', "corrupt header entry"),
+        (b'{"a": []}', "corrupt header entry"),
+    ],
+)
 def test_hostile_safetensors_header(run, one_line_error, checkpoint, work, header: bytes, says: str) -> None:
     src = _copy(checkpoint("tiny"), work / "ckpt")
     _set_header(src / "model.safetensors", header)
@@ -112,8 +120,10 @@ def test_max_part_size_out_of_range(run, one_line_error, checkpoint, tiny_shards
     assert not (work / "out").exists() or not list((work / "out").iterdir())
 
 
-@pytest.mark.parametrize(("option", "value"), [("--temperature", "nan"), ("--temperature", "inf"),
-                                               ("--top-p", "nan"), ("--max-new-tokens", "0")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [("--temperature", "nan"), ("--temperature", "inf"), ("--top-p", "nan"), ("--max-new-tokens", "0")],
+)
 def test_sampling_options_out_of_range(run, one_line_error, tiny_shards, option: str, value: str) -> None:
     line = one_line_error(run("generate", tiny_shards, "--prompt", "x", option, value), 2)
     assert option in line

@@ -60,8 +60,22 @@ def test_lm_eval_run_with_device_in_model_args(run, tiny_shards, work) -> None:
     data = Path(__file__).resolve().parents[1] / "eval" / "data" / "gsm8k_mini"
     r = run("gsm8k-task", tasks, "--gsm8k-dir", data, "--allow-unverified-data")
     assert r.returncode == 0, r.stderr
-    common = ["lm-eval", "run", "--model", "plamo2", "--tasks", "gsm8k", "--include_path", tasks,
-              "--num_fewshot", "0", "--limit", "1", "--output_path", work / "out"]  # fmt: skip
+    common = [
+        "lm-eval",
+        "run",
+        "--model",
+        "plamo2",
+        "--tasks",
+        "gsm8k",
+        "--include_path",
+        tasks,
+        "--num_fewshot",
+        "0",
+        "--limit",
+        "1",
+        "--output_path",
+        work / "out",
+    ]
     r = run(*common, "--model_args", f"pretrained={tiny_shards},device=cpu,max_gen_toks=4", timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "Traceback" not in r.stderr and "gsm8k" in r.stdout
@@ -82,7 +96,7 @@ def _yarn(**change):  # type: ignore[no-untyped-def]
         ("tiny3", lambda c: c.update(sliding_window_pattern=0), "sliding_window_pattern = 0: must be a positive"),
         ("tiny3", lambda c: c.update(num_hidden_layers=10**9), "num_hidden_layers = 1000000000: must be at most"),
         ("tiny3", lambda c: c.update(num_hidden_layers=1e300), "num_hidden_layers = 1e+300: must be at most 4096"),
-        ("tiny3", lambda c: c.update(rope_scaling="yarn"), "rope_scaling = \"yarn\": must be an object"),
+        ("tiny3", lambda c: c.update(rope_scaling="yarn"), 'rope_scaling = "yarn": must be an object'),
         ("tiny3", lambda c: c.update(rope_scaling=[1, 2]), "rope_scaling = [1, 2]: must be an object"),
         ("tiny3-yarn", lambda c: c.update(rope_parameters=[1]), "rope_parameters = [1]: must be an object"),
         ("tiny3-yarn", _yarn(original_max_position_embeddings=-64), "original_max_position_embeddings of the"),
@@ -95,10 +109,23 @@ def _yarn(**change):  # type: ignore[no-untyped-def]
         ("tiny", lambda c: c.update(rope_theta=float("inf")), "rope_theta = inf: must be a finite number"),
         ("tiny", lambda c: c.update(eos_token_id=[2, "x"]), "eos_token_id = [2, 'x']: must be a token id"),
     ],
-    ids=["pattern-0", "layers-1e9", "layers-1e300", "scaling-str", "scaling-list", "parameters-list", "yarn-orig-neg",
-         "yarn-beta-equal", "yarn-beta-slow-0", "yarn-theta-1", "eos-string", "plamo2-layers-1e9", "plamo2-theta-inf",
-         "plamo2-eos-list"],
-)  # fmt: skip
+    ids=[
+        "pattern-0",
+        "layers-1e9",
+        "layers-1e300",
+        "scaling-str",
+        "scaling-list",
+        "parameters-list",
+        "yarn-orig-neg",
+        "yarn-beta-equal",
+        "yarn-beta-slow-0",
+        "yarn-theta-1",
+        "eos-string",
+        "plamo2-layers-1e9",
+        "plamo2-theta-inf",
+        "plamo2-eos-list",
+    ],
+)
 def test_hostile_config(run, one_line_error, checkpoint, work, outside, preset: str, edit, says: str) -> None:  # type: ignore[no-untyped-def]
     """main: the pattern 0 was a ZeroDivisionError (exit 70); 1e9 layers built a per-layer tuple
     before any check (25 s and all memory: exit 3 here under the 4 GB cap); rope_scaling or
@@ -115,8 +142,7 @@ def test_hostile_config(run, one_line_error, checkpoint, work, outside, preset: 
     assert not (work / "out" / MANIFEST).exists()
 
 
-def test_a_hostile_plamo3_config_in_shards_is_refused_by_check(run, one_line_error, checkpoint, work,
-                                                                outside) -> None:  # fmt: skip
+def test_a_hostile_plamo3_config_in_shards_is_refused_by_check(run, one_line_error, checkpoint, work, outside) -> None:
     """A YaRN config changed in a shard directory after converting: main's `check` reported a
     changed config (exit 1) and every run crashed; it is refused where the config is read (exit 2)
     by check and by the runtime alike."""
@@ -168,15 +194,17 @@ def test_manifest_stages_beyond_or_short_of_the_layers(run, one_line_error, chec
     r = run("convert", checkpoint("tiny"), shards, "--pp", 2, "--json")
     assert r.returncode == 0, r.stderr
     _edit_json(shards / MANIFEST, lambda m: m["mapping"].update(stages=stages))
-    for args in (["check", shards], ["generate", shards, "--prompt", "x", "--max-new-tokens", 1],
-                 ["convert", shards, work / "tp1", "--tp", 1]):  # fmt: skip
+    for args in (
+        ["check", shards],
+        ["generate", shards, "--prompt", "x", "--max-new-tokens", 1],
+        ["convert", shards, work / "tp1", "--tp", 1],
+    ):
         line = one_line_error(run(*args), 2)
         assert "mapping.stages" in line and "consecutive non-empty ranges" in line, (args, line)
 
 
 @pytest.mark.parametrize(("field", "value"), [("shape", [512, 128]), ("dtype", "bfloat16")])
-def test_check_finds_a_tensor_record_that_disagrees_with_its_file(run, tiny_shards, work, field: str,
-                                                                   value) -> None:  # type: ignore[no-untyped-def]  # fmt: skip
+def test_check_finds_a_tensor_record_that_disagrees_with_its_file(run, tiny_shards, work, field: str, value) -> None:  # type: ignore[no-untyped-def]
     """main: `check` compared the headers with the planned layout, not with the manifest's own
     records (exit 0), while the runtime's load refused the directory.  Now a finding (exit 1)."""
     shards = _copy(tiny_shards, work / "shards")
@@ -202,15 +230,18 @@ def test_check_source_with_a_hostile_index(run, one_line_error, checkpoint, tiny
     """An index naming `../outside/secret.txt` (main opened it) or holding no weight_map (KeyError, exit 70)."""
     src = _copy(checkpoint("tiny"), work / "ckpt")
     index = src / "model.safetensors.index.json"
-    for content, says in (({"weight_map": {"model.embed_tokens.weight": "../outside/secret.txt"}}, "not a plain file"),
-                          ({"metadata": {}}, "no `weight_map` object")):  # fmt: skip
+    for content, says in (
+        ({"weight_map": {"model.embed_tokens.weight": "../outside/secret.txt"}}, "not a plain file"),
+        ({"metadata": {}}, "no `weight_map` object"),
+    ):
         index.write_text(json.dumps(content))
         line = one_line_error(run("check", tiny_shards, "--source", src), 2)
         assert says in line, line
 
 
-def test_force_over_a_manifest_naming_outside_files_says_how_to_clear_it(run, one_line_error, checkpoint, work,
-                                                                           outside) -> None:  # fmt: skip
+def test_force_over_a_manifest_naming_outside_files_says_how_to_clear_it(
+    run, one_line_error, checkpoint, work, outside
+) -> None:
     """main refused (rightly: the manifest cannot say which files are ours) without saying what to
     do about it.  Still refused, nothing deleted, and the line says how to clear the way."""
     out = work / "out"

@@ -99,8 +99,15 @@ def test_interrupted_tokenize_leaves_nothing(checkpoint, work: Path) -> None:
     cmd = [sys.executable, "-m", "plamo2_tools.cli", "tokenize", checkpoint("tiny"), "--out", out]
     # Ctrl-C reaches a foreground process with SIGINT at its default; a test run started in the
     # background (CI, `nohup`, `&` in a script) ignores SIGINT and its children inherit that.
-    proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stderr=subprocess.PIPE, env=cli_env(), text=True, cwd=ROOT,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
+    proc = subprocess.Popen(
+        cmd,
+        stdin=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=cli_env(),
+        text=True,
+        cwd=ROOT,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     proc.stdin.write('"hello"\n')
     proc.stdin.flush()
     deadline = time.monotonic() + 60

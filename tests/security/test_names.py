@@ -18,10 +18,22 @@ JOURNAL = ".plamo2_convert.journal.jsonl"
 
 @pytest.mark.parametrize(
     ("name", "plain"),
-    [("model-rank-0-part-0.safetensors", True), ("config.json", True), ("..", False), (".", False), ("", False),
-     ("../x", False), ("/etc/passwd", False), ("a/b", False), ("a\\b", False), ("a\0b", False), (3, False),
-     ("x" * 256, False), ("..x", True)],
-)  # fmt: skip
+    [
+        ("model-rank-0-part-0.safetensors", True),
+        ("config.json", True),
+        ("..", False),
+        (".", False),
+        ("", False),
+        ("../x", False),
+        ("/etc/passwd", False),
+        ("a/b", False),
+        ("a\\b", False),
+        ("a\0b", False),
+        (3, False),
+        ("x" * 256, False),
+        ("..x", True),
+    ],
+)
 def test_the_rule(name: object, plain: bool) -> None:
     assert (name_problem(name) is None) is plain
 
@@ -56,8 +68,12 @@ def test_manifest_naming_a_file_outside(run, one_line_error, tiny_shards, work, 
     shutil.move(shards / SHARD, outside.path / SHARD)
     outside.retake()  # the moved shard file is now part of what must not change
     _rename_shard(shards, SHARD, f"../outside/{SHARD}")
-    for args in (["check", shards], ["generate", shards, "--prompt", "hi", "--max-new-tokens", 2],
-                 ["merge", shards, work / "merged"], ["convert", shards, work / "tp1", "--tp", 1]):  # fmt: skip
+    for args in (
+        ["check", shards],
+        ["generate", shards, "--prompt", "hi", "--max-new-tokens", 2],
+        ["merge", shards, work / "merged"],
+        ["convert", shards, work / "tp1", "--tp", 1],
+    ):
         line = one_line_error(run(*args), 2)
         assert f"{MANIFEST}: " in line and f"entry '../outside/{SHARD}' is not a plain file name" in line, line
     assert not (work / "merged" / "config.json").exists() and not (work / "tp1" / MANIFEST).exists()
@@ -124,8 +140,13 @@ def test_written_record_naming_a_file_outside(run, one_line_error, tiny_shards, 
     refused and the file it names survives --force."""
     out = work / "merged"
     out.mkdir()
-    record = {"format": "plamo2-written", "command": "merge", "status": "complete", "source": "x",
-              "files": ["../outside/secret.txt", "config.json"]}  # fmt: skip
+    record = {
+        "format": "plamo2-written",
+        "command": "merge",
+        "status": "complete",
+        "source": "x",
+        "files": ["../outside/secret.txt", "config.json"],
+    }
     (out / ".plamo2_written.json").write_text(json.dumps(record))
     for args in (["merge", tiny_shards, out, "--force"], ["synth", out, "--preset", "tiny", "--force"]):
         line = one_line_error(run(*args), 2)

@@ -43,8 +43,9 @@ def test_lock_planted_as_a_symlink(run, one_line_error, checkpoint, tiny_shards,
         assert not (out / MANIFEST).exists() and not (out / "config.json").exists()
 
 
-def test_lock_planted_in_a_shard_directory_is_refused_by_readers(run, one_line_error, tiny_shards, work,
-                                                                 outside) -> None:  # fmt: skip
+def test_lock_planted_in_a_shard_directory_is_refused_by_readers(
+    run, one_line_error, tiny_shards, work, outside
+) -> None:
     shards = work / "shards"
     shutil.copytree(tiny_shards, shards)
     (shards / LOCK).symlink_to(outside.secret)
@@ -72,8 +73,11 @@ def test_lock_that_is_not_a_file(run, one_line_error, tiny_shards, checkpoint, w
         else:
             path.mkdir()
     try:
-        for args in (["check", shards], ["generate", shards, "--prompt", "x", "--max-new-tokens", 1],
-                     ["convert", checkpoint("tiny"), out]):  # fmt: skip
+        for args in (
+            ["check", shards],
+            ["generate", shards, "--prompt", "x", "--max-new-tokens", 1],
+            ["convert", checkpoint("tiny"), out],
+        ):
             line = one_line_error(run(*args, timeout=60), 2)
             assert LOCK in line and "regular file" in line, (args, line)
     finally:
@@ -95,8 +99,12 @@ def test_planted_temporaries_on_resume(cli, run, checkpoint, work, outside) -> N
     (before: it became a link to the outside file)."""
     out = work / "out"
     writes = _interrupted_conversion(cli, checkpoint("tiny"), out)
-    planted = [f"{n}.partial" for n in writes if n.endswith(".safetensors")] + ["config.json.tmp",
-               "tokenizer.jsonl.tmp", f"{MANIFEST}.tmp", f"{JOURNAL}.tmp"]  # fmt: skip
+    planted = [f"{n}.partial" for n in writes if n.endswith(".safetensors")] + [
+        "config.json.tmp",
+        "tokenizer.jsonl.tmp",
+        f"{MANIFEST}.tmp",
+        f"{JOURNAL}.tmp",
+    ]
     for name in planted:
         (out / name).symlink_to(outside.secret)
     r = run("convert", checkpoint("tiny"), out, "--json")

@@ -52,8 +52,11 @@ def test_changed_side_file_is_refused(run, one_line_error, tiny_shards, work, ou
     r = run("check", shards)
     assert r.returncode == 1 and "Traceback" not in r.stderr + r.stdout
     assert f"{name}: changed since the conversion" in r.stdout, r.stdout
-    for args in (["generate", shards, "--prompt", "hello", "--max-new-tokens", 2],
-                 ["convert", shards, work / "tp1", "--tp", 1], ["merge", shards, work / "merged"]):  # fmt: skip
+    for args in (
+        ["generate", shards, "--prompt", "hello", "--max-new-tokens", 2],
+        ["convert", shards, work / "tp1", "--tp", 1],
+        ["merge", shards, work / "merged"],
+    ):
         line = one_line_error(run(*args), 2)
         assert f"{name}: changed since the conversion" in line, (args, line)
     assert not (work / "tp1" / MANIFEST).exists() and not (work / "merged" / "config.json").exists()

@@ -35,8 +35,14 @@ class CliServer:
 
     def __init__(self, shards: Path, *args: str, env: dict[str, str] | None = None) -> None:
         cmd = [sys.executable, "-m", "plamo2_tools.cli", "serve", str(shards), "--port", "0", *args]
-        full_env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "NO_COLOR": "1",
-                    "COLUMNS": "250", **(env or {})}  # fmt: skip
+        full_env = {
+            **os.environ,
+            "PYTHONPATH": str(ROOT),
+            "OMP_NUM_THREADS": "1",
+            "NO_COLOR": "1",
+            "COLUMNS": "250",
+            **(env or {}),
+        }
         self.proc = subprocess.Popen(cmd, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.lines: list[str] = []
         self.model = ""
@@ -111,10 +117,24 @@ class Oracle:
     def ids(self, text: str) -> list[int]:
         return list(self.tok(text)["input_ids"])
 
-    def tokens(self, prompt: Sequence[int], max_tokens: int, temperature: float = 0.0, top_p: float = 1.0,
-               seed: int = 0, key: int = 0) -> list[int]:  # fmt: skip
-        gen = self.rt.generate([list(prompt)], max_tokens, eos_token_ids=self.eos, temperature=temperature,
-                               top_p=top_p, seed=seed, request_keys=[key])  # fmt: skip
+    def tokens(
+        self,
+        prompt: Sequence[int],
+        max_tokens: int,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        seed: int = 0,
+        key: int = 0,
+    ) -> list[int]:
+        gen = self.rt.generate(
+            [list(prompt)],
+            max_tokens,
+            eos_token_ids=self.eos,
+            temperature=temperature,
+            top_p=top_p,
+            seed=seed,
+            request_keys=[key],
+        )
         return list(gen.tokens[0])
 
     def text(self, tokens: Sequence[int], stop: Sequence[str] = ()) -> tuple[str, str]:

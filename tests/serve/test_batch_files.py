@@ -59,8 +59,21 @@ def records(path: Path) -> list[dict[str, Any]]:
 def test_results_equal_each_request_alone(cli, shard_dir: Path, oracle: Oracle, tmp_path: Path) -> None:
     src = write_lines(tmp_path / "in.jsonl", LINES[:3] + [""] + LINES[3:])  # a blank line is skipped, still counted
     out = tmp_path / "out.jsonl"
-    r = cli("generate", shard_dir, "--input", src, "--output", out, "--max-new-tokens", "12", "--max-batch", "3",
-            "--seed", "5", expect=2)  # fmt: skip
+    r = cli(
+        "generate",
+        shard_dir,
+        "--input",
+        src,
+        "--output",
+        out,
+        "--max-new-tokens",
+        "12",
+        "--max-batch",
+        "3",
+        "--seed",
+        "5",
+        expect=2,
+    )
     assert "line 5: max_tokens" in r.stderr and "line 6: not valid JSON" in r.stderr  # reported by number
     assert "2 of 8 input lines were refused (line(s) 5, 6)" in r.stderr
     got = records(out)
@@ -68,8 +81,9 @@ def test_results_equal_each_request_alone(cli, shard_dir: Path, oracle: Oracle, 
     by = {g["index"]: g for g in got}
     assert by[4]["error"]["line"] == 5 and by[5]["error"]["line"] == 6
 
-    def alone(prompt: Any, max_tokens: int, temperature: float = 0.0, seed: int = 0, key: int = 0,
-              stop: tuple[str, ...] = ()) -> tuple[str, list[int], str]:  # fmt: skip
+    def alone(
+        prompt: Any, max_tokens: int, temperature: float = 0.0, seed: int = 0, key: int = 0, stop: tuple[str, ...] = ()
+    ) -> tuple[str, list[int], str]:
         ids = oracle.ids(prompt) if isinstance(prompt, str) else prompt
         tokens = oracle.tokens(ids, max_tokens, temperature=temperature, seed=seed, key=key)
         text, finish = oracle.text(tokens, stop)
@@ -104,20 +118,44 @@ def test_strict_refuses_up_front(cli, one_line_error, shard_dir: Path, tmp_path:
     line = one_line_error(cli("generate", shard_dir, "--input", src, "--output", out, "--strict", expect=2), 2)
     assert "line 4: max_tokens" in line and "(and 1 more line(s))" in line
     assert not out.exists()
-    for args, words in ((("--input", src), "--output"), (("--input", src, "--output", src), "must not be"),
-                        (("--input", tmp_path / "none.jsonl", "--output", out), "no such file"),
-                        (("--prompt", "x", "--input", src), "either --prompt")):  # fmt: skip
+    for args, words in (
+        (("--input", src), "--output"),
+        (("--input", src, "--output", src), "must not be"),
+        (("--input", tmp_path / "none.jsonl", "--output", out), "no such file"),
+        (("--prompt", "x", "--input", src), "either --prompt"),
+    ):
         assert words in one_line_error(cli("generate", shard_dir, *args, expect=2), 2)
 
 
 def generate_process(shard_dir: Path, src: Path, out: Path) -> subprocess.Popen[str]:
-    cmd = [sys.executable, "-m", "plamo2_tools.cli", "generate", str(shard_dir), "--input", str(src), "--output",
-           str(out), "--max-batch", "2", "--max-new-tokens", "40", "--seed", "3"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "plamo2_tools.cli",
+        "generate",
+        str(shard_dir),
+        "--input",
+        str(src),
+        "--output",
+        str(out),
+        "--max-batch",
+        "2",
+        "--max-new-tokens",
+        "40",
+        "--seed",
+        "3",
+    ]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     # SIGINT at its default, as a terminal's Ctrl-C finds a foreground process: the test sends one, and a
     # test run launched in the background would otherwise hand the CLI an ignored SIGINT.
-    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
+    return subprocess.Popen(
+        cmd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
 
 
 @pytest.mark.slow
@@ -154,8 +192,9 @@ def test_killed_and_resumed_equals_a_clean_run(shard_dir: Path, tmp_path: Path) 
     _, err = p.communicate(timeout=60)
     assert p.returncode == 130, err
     assert f"resuming: {len(partial)} requests already done" in err  # the cut line did not count
-    assert err.strip().splitlines()[-1] == (f"interrupted: {out} holds the results finished so far; "
-                                            "run the same command again to resume")  # fmt: skip
+    assert err.strip().splitlines()[-1] == (
+        f"interrupted: {out} holds the results finished so far; run the same command again to resume"
+    )
     before = len(out.read_text().splitlines()) - 1
 
     p = generate_process(shard_dir, src, out)

@@ -30,10 +30,9 @@ INTS = [
     ("/v1/completions", {"prompt": "x"}, "top_p", True),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}]}, "max_tokens", True),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}]}, "max_completion_tokens", True),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "logprobs": True}, "top_logprobs",
-     True),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "logprobs": True}, "top_logprobs", True),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}]}, "n", True),
-]  # fmt: skip
+]
 BOOLS = [
     ("/v1/completions", {"prompt": "x"}, "echo", 1),
     ("/v1/completions", {"prompt": "x"}, "stream", 0),
@@ -45,8 +44,9 @@ BOOLS = [
 CASES = INTS + BOOLS
 
 
-@pytest.mark.parametrize(("endpoint", "body", "field", "value"), CASES,
-                         ids=[f"{e.rsplit('/', 1)[1]}-{f}={v}" for e, _, f, v in CASES])  # fmt: skip
+@pytest.mark.parametrize(
+    ("endpoint", "body", "field", "value"), CASES, ids=[f"{e.rsplit('/', 1)[1]}-{f}={v}" for e, _, f, v in CASES]
+)
 def test_a_value_of_the_other_kind_is_400_naming_the_field(
     server: Server, endpoint: str, body: dict[str, Any], field: str, value: Any
 ) -> None:
@@ -58,10 +58,12 @@ def test_a_value_of_the_other_kind_is_400_naming_the_field(
 
 @pytest.mark.parametrize(
     ("endpoint", "body", "param"),
-    [("/v1/completions", {"prompt": [True, 5]}, "prompt"),
-     ("/v1/completions", {"prompt": [[5], [6, False]]}, "prompt"),
-     ("/detokenize", {"tokens": [5, True]}, "tokens")],
-)  # fmt: skip
+    [
+        ("/v1/completions", {"prompt": [True, 5]}, "prompt"),
+        ("/v1/completions", {"prompt": [[5], [6, False]]}, "prompt"),
+        ("/detokenize", {"tokens": [5, True]}, "tokens"),
+    ],
+)
 def test_a_boolean_is_no_token_id(server: Server, endpoint: str, body: dict[str, Any], param: str) -> None:
     r = httpx.post(f"{server.url}{endpoint}", json=body)
     assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
@@ -69,17 +71,25 @@ def test_a_boolean_is_no_token_id(server: Server, endpoint: str, body: dict[str,
 
 def test_the_same_bodies_with_numbers_pass(server: Server) -> None:
     """The refusals above are about the kind, not the field: the right kind is served."""
-    r = httpx.post(f"{server.url}/v1/completions", json={"prompt": [5, 6], "max_tokens": 1, "n": 1, "logprobs": 1,
-                                                         "seed": 1, "echo": False, "temperature": 1})  # fmt: skip
+    r = httpx.post(
+        f"{server.url}/v1/completions",
+        json={"prompt": [5, 6], "max_tokens": 1, "n": 1, "logprobs": 1, "seed": 1, "echo": False, "temperature": 1},
+    )
     assert r.status_code == 200, r.text
     assert httpx.post(f"{server.url}/detokenize", json={"tokens": [5, 6]}).status_code == 200
 
 
 @pytest.mark.parametrize(
     "line",
-    ['{"prompt": "x", "max_tokens": true}', '{"prompt": "x", "n": true}', '{"prompt": [1, true]}',
-     '{"prompt": "x", "logprobs": true}', '{"prompt": "x", "seed": true}', '{"prompt": "x", "echo": 1}'],
-)  # fmt: skip
+    [
+        '{"prompt": "x", "max_tokens": true}',
+        '{"prompt": "x", "n": true}',
+        '{"prompt": [1, true]}',
+        '{"prompt": "x", "logprobs": true}',
+        '{"prompt": "x", "seed": true}',
+        '{"prompt": "x", "echo": 1}',
+    ],
+)
 def test_batch_lines_refuse_the_other_kind(line: str) -> None:
     parsed = parse_line(line, 0, Defaults())
     assert parsed.error is not None and parsed.request is None, (line, parsed)

@@ -128,13 +128,16 @@ def test_chat_template_from_a_file(shard_dir: Path, oracle: Oracle, tmp_path: Pa
     """`--chat-template FILE` serves chat for a checkpoint without a template (vLLM's option); a file
     that is not a template is refused with one line before the model loads."""
     template = tmp_path / "chat.jinja"
-    template.write_text("{% for m in messages %}<|plamo:op|>{{ m['role'] }}\n{{ m['content'] }}\n{% endfor %}"
-                        "{% if add_generation_prompt %}<|plamo:op|>assistant\n{% endif %}")  # fmt: skip
+    template.write_text(
+        "{% for m in messages %}<|plamo:op|>{{ m['role'] }}\n{{ m['content'] }}\n{% endfor %}"
+        "{% if add_generation_prompt %}<|plamo:op|>assistant\n{% endif %}"
+    )
     s = CliServer(shard_dir, "--max-batch", "2", "--max-context", "128", "--chat-template", str(template))
     try:
         assert "chat on" in s.output
-        r = s.client().chat.completions.create(model=s.model, messages=[{"role": "user", "content": "Hi?"}],
-                                               max_tokens=8, temperature=0)  # fmt: skip
+        r = s.client().chat.completions.create(
+            model=s.model, messages=[{"role": "user", "content": "Hi?"}], max_tokens=8, temperature=0
+        )
         ids = list(oracle.tok("<|plamo:op|>user\nHi?\n<|plamo:op|>assistant\n", add_special_tokens=False)["input_ids"])
         assert (r.choices[0].message.content, r.choices[0].finish_reason) == oracle.text(oracle.tokens(ids, 8))
     finally:

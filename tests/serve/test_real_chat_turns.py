@@ -21,8 +21,10 @@ from real_serve import CliServer, Oracle
 from plamo2_tools.tokenizer import load_tokenizer
 from plamo2_tools.tokenizer.synthetic import FIRST_PIECE_ID
 
-TEMPLATE = ("{% for m in messages %}<|plamo:op|>{{ m['role'] }}\n{{ m['content'] }}\n{% endfor %}"
-            "{% if add_generation_prompt %}<|plamo:op|>assistant\n{% endif %}")  # fmt: skip
+TEMPLATE = (
+    "{% for m in messages %}<|plamo:op|>{{ m['role'] }}\n{{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|plamo:op|>assistant\n{% endif %}"
+)
 USER = "Hello there, how are you?"
 RENDERED = f"<|plamo:op|>user\n{USER}\n<|plamo:op|>assistant\n"
 STEPS = 10
@@ -62,11 +64,16 @@ def test_chat_ends_on_the_turn_marker_and_slash_s_is_text(preset: str, cli, chec
     s = CliServer(tmp_path / "shards", "--max-batch", "2", "--max-context", "128")
     try:
         client = s.client()
-        r = client.chat.completions.create(model=s.model, messages=[{"role": "user", "content": USER}],
-                                           max_tokens=STEPS, temperature=1.0, seed=SEED)  # fmt: skip
+        r = client.chat.completions.create(
+            model=s.model, messages=[{"role": "user", "content": USER}], max_tokens=STEPS, temperature=1.0, seed=SEED
+        )
         choice = r.choices[0]
-        want = after.decode(gen[:tag], skip_special_tokens=False, spaces_between_special_tokens=False,
-                            clean_up_tokenization_spaces=False)  # fmt: skip
+        want = after.decode(
+            gen[:tag],
+            skip_special_tokens=False,
+            spaces_between_special_tokens=False,
+            clean_up_tokenization_spaces=False,
+        )
         assert "</s>" in want
         assert (choice.message.content, choice.finish_reason) == (want, "stop")
         assert choice.model_extra["stop_reason"] == "<|plamo:tag|>"

@@ -57,8 +57,15 @@ def expected(oracle: Oracle, prompt: str | list[int], choice: int) -> dict[str, 
     (logits,) = oracle.rt.prompt_logits([seq])
     lp = torch.log_softmax(logits.double(), dim=-1)
     logprobs = [None] + [float(lp[p - 1, seq[p]]) for p in range(1, len(seq))]
-    return {"ids": ids, "tokens": tokens, "text": echo + text, "finish": finish, "echo": echo,
-            "logprobs": logprobs, "best": [None] + [float(lp[p - 1].max()) for p in range(1, len(seq))]}  # fmt: skip
+    return {
+        "ids": ids,
+        "tokens": tokens,
+        "text": echo + text,
+        "finish": finish,
+        "echo": echo,
+        "logprobs": logprobs,
+        "best": [None] + [float(lp[p - 1].max()) for p in range(1, len(seq))],
+    }
 
 
 def merged_stream(chunks: list[Any]) -> dict[int, dict[str, Any]]:
@@ -66,8 +73,19 @@ def merged_stream(chunks: list[Any]) -> dict[int, dict[str, Any]]:
     out: dict[int, dict[str, Any]] = {}
     for chunk in chunks:
         for c in chunk.choices:
-            m = out.setdefault(c.index, {"text": "", "tokens": [], "token_ids": [], "logprobs": [], "offsets": [],
-                                         "top": [], "prompt_ids": [], "finish": None})  # fmt: skip
+            m = out.setdefault(
+                c.index,
+                {
+                    "text": "",
+                    "tokens": [],
+                    "token_ids": [],
+                    "logprobs": [],
+                    "offsets": [],
+                    "top": [],
+                    "prompt_ids": [],
+                    "finish": None,
+                },
+            )
             m["text"] += c.text
             extra = c.model_extra or {}
             m["token_ids"] += extra.get("token_ids") or []
@@ -87,10 +105,16 @@ def whole(r: Any) -> dict[int, dict[str, Any]]:
     out = {}
     for c in r.choices:
         extra = c.model_extra or {}
-        out[c.index] = {"text": c.text, "tokens": c.logprobs.tokens, "token_ids": extra["token_ids"],
-                        "logprobs": c.logprobs.token_logprobs, "offsets": c.logprobs.text_offset,
-                        "top": c.logprobs.top_logprobs, "prompt_ids": [extra["prompt_token_ids"]],
-                        "finish": c.finish_reason}  # fmt: skip
+        out[c.index] = {
+            "text": c.text,
+            "tokens": c.logprobs.tokens,
+            "token_ids": extra["token_ids"],
+            "logprobs": c.logprobs.token_logprobs,
+            "offsets": c.logprobs.text_offset,
+            "top": c.logprobs.top_logprobs,
+            "prompt_ids": [extra["prompt_token_ids"]],
+            "finish": c.finish_reason,
+        }
     return out
 
 
@@ -120,15 +144,24 @@ def check_choices(got: dict[int, dict[str, Any]], prompts: list[Any], n: int, or
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
 @pytest.mark.parametrize(("prompts", "n"), [(TEXTS, 2), (IDS, 3)], ids=["texts-n2", "ids-n3"])
-def test_each_choice_carries_its_own_prompt_and_stream(server: CliServer, oracle: Oracle, prompts: list[Any],
-                                                       n: int, stream: bool) -> None:  # fmt: skip
+def test_each_choice_carries_its_own_prompt_and_stream(
+    server: CliServer, oracle: Oracle, prompts: list[Any], n: int, stream: bool
+) -> None:
     lengths = [len(oracle.ids(p)) if isinstance(p, str) else len(p) for p in prompts]
     assert len(set(lengths)) == len(lengths), lengths  # distinct: a prompt swap changes every length
     r = server.client().completions.create(
-        model="tiny", prompt=prompts, n=n, max_tokens=MAX_TOKENS, temperature=1.0, seed=SEED, echo=True,
-        logprobs=TOP, stream=stream, extra_body={"return_token_ids": True},
+        model="tiny",
+        prompt=prompts,
+        n=n,
+        max_tokens=MAX_TOKENS,
+        temperature=1.0,
+        seed=SEED,
+        echo=True,
+        logprobs=TOP,
+        stream=stream,
+        extra_body={"return_token_ids": True},
         **({"stream_options": {"include_usage": True}} if stream else {}),
-    )  # fmt: skip
+    )
     chunks = list(r) if stream else [r]
     got = merged_stream(chunks) if stream else whole(r)
     check_choices(got, prompts, n, oracle)

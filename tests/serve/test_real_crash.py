@@ -24,8 +24,19 @@ def shard_dir(shards) -> Path:  # type: ignore[no-untyped-def]
 
 @pytest.mark.slow
 def test_a_dead_loop_fails_requests_and_exits_nonzero(shard_dir: Path) -> None:
-    cmd = [sys.executable, str(HERE / "serve_crash_main.py"), "5", "serve", str(shard_dir), "--port", "0",
-           "--max-batch", "4", "--max-context", "128"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        str(HERE / "serve_crash_main.py"),
+        "5",
+        "serve",
+        str(shard_dir),
+        "--port",
+        "0",
+        "--max-batch",
+        "4",
+        "--max-context",
+        "128",
+    ]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(real_serve.ROOT), str(HERE)]), "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -41,8 +52,7 @@ def test_a_dead_loop_fails_requests_and_exits_nonzero(shard_dir: Path) -> None:
             url = m.group(2) if m else None
         ok = httpx.post(f"{url}/v1/completions", json={"prompt": [1, 5], "max_tokens": 2, "temperature": 0})
         assert ok.status_code == 200  # decode steps 1-4 still work (warm-up and this request)
-        r = httpx.post(f"{url}/v1/completions", json={"prompt": [1, 6], "max_tokens": 40, "temperature": 0},
-                       timeout=60)  # fmt: skip
+        r = httpx.post(f"{url}/v1/completions", json={"prompt": [1, 6], "max_tokens": 40, "temperature": 0}, timeout=60)
         assert r.status_code == 500, r.text
         body = r.json()
         assert body["error"]["type"] == "server_error" and "injected" in body["error"]["message"]

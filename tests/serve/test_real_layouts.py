@@ -47,8 +47,16 @@ def children(pid: int) -> set[int]:
 def test_tp2_pp2_serves_the_runtimes_answers(shard_dir: Path, oracle: Oracle, launch: bool) -> None:
     # the API key reaches rank 0 as --api-key (torchrun: through launch's environment) or PLAMO2_API_KEY
     key = ("--api-key", KEY) if launch else ()
-    server = CliServer(shard_dir, "--max-batch", "4", "--max-context", "256", *key, *(["--launch"] if launch else []),
-                       env=None if launch else {"PLAMO2_API_KEY": KEY})  # fmt: skip
+    server = CliServer(
+        shard_dir,
+        "--max-batch",
+        "4",
+        "--max-context",
+        "256",
+        *key,
+        *(["--launch"] if launch else []),
+        env=None if launch else {"PLAMO2_API_KEY": KEY},
+    )
     ranks = children(server.proc.pid)
     try:
         assert "tp2×pp2" in server.output and ("torchrun ranks" in server.output) == launch
@@ -57,11 +65,13 @@ def test_tp2_pp2_serves_the_runtimes_answers(shard_dir: Path, oracle: Oracle, la
         client = server.client(api_key=KEY)
         r = client.completions.create(model=server.model, prompt=PROMPTS, max_tokens=24, temperature=0)
         assert [(c.text, c.finish_reason) for c in r.choices] == [oracle.complete(p, 24) for p in PROMPTS]
-        chunks = list(client.completions.create(model=server.model, prompt=PROMPTS[1], max_tokens=30, temperature=0,
-                                                stream=True))  # fmt: skip
+        chunks = list(
+            client.completions.create(model=server.model, prompt=PROMPTS[1], max_tokens=30, temperature=0, stream=True)
+        )
         assert "".join(c.choices[0].text for c in chunks) == oracle.complete(PROMPTS[1], 30)[0]
-        sampled = client.completions.create(model=server.model, prompt=PROMPTS[0], max_tokens=12, temperature=0.8,
-                                            seed=42)  # fmt: skip
+        sampled = client.completions.create(
+            model=server.model, prompt=PROMPTS[0], max_tokens=12, temperature=0.8, seed=42
+        )
         ids = oracle.ids(PROMPTS[0])
         assert sampled.choices[0].text == oracle.text(oracle.tokens(ids, 12, temperature=0.8, seed=42))[0]
     finally:

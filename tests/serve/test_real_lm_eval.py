@@ -35,14 +35,20 @@ def test_gsm8k_responses_equal_in_process_eval(server: CliServer, shard_dir: Pat
     from lm_eval.models.openai_completions import LocalCompletionsAPI
 
     data = load_gsm8k_data(MINI_GSM8K, allow_unverified=True).to_dict()
-    request = EvalRequest(shards=str(shard_dir), data=data, limit=8, num_fewshot=2, max_gen_toks=48,
-                          bootstrap_iters=0)  # fmt: skip
+    request = EvalRequest(shards=str(shard_dir), data=data, limit=8, num_fewshot=2, max_gen_toks=48, bootstrap_iters=0)
     local = run_eval(request)  # what `plamo2-tools eval SHARDS --limit 8 ...` runs
     # Text prompts (tokenized_requests=False): the server tokenizes them with the checkpoint's BOS
     # rule, as in-process eval does; lm-eval's remote tokenizer would send ids without BOS.
-    lm = LocalCompletionsAPI(base_url=f"{server.url}/v1/completions", model=server.model, tokenizer_backend="none",
-                             tokenized_requests=False, max_gen_toks=48, num_concurrent=4, max_retries=1,
-                             timeout=120)  # fmt: skip
+    lm = LocalCompletionsAPI(
+        base_url=f"{server.url}/v1/completions",
+        model=server.model,
+        tokenizer_backend="none",
+        tokenized_requests=False,
+        max_gen_toks=48,
+        num_concurrent=4,
+        max_retries=1,
+        timeout=120,
+    )
     remote = evaluate_model(lm, request, tmp_path / "hf")
     assert local is not None and remote is not None
     rows = {r["doc_id"]: r for r in local.samples["gsm8k"]}
@@ -59,8 +65,13 @@ def test_loglikelihood_equals_the_runtimes_logits(server: CliServer, shard_dir: 
     from lm_eval.api.instance import Instance
     from lm_eval.models.openai_completions import LocalCompletionsAPI
 
-    lm = LocalCompletionsAPI(base_url=f"{server.url}/v1/completions", model=server.model, tokenizer_backend="auto",
-                             max_retries=1, timeout=120)  # fmt: skip
+    lm = LocalCompletionsAPI(
+        base_url=f"{server.url}/v1/completions",
+        model=server.model,
+        tokenizer_backend="auto",
+        max_retries=1,
+        timeout=120,
+    )
     assert lm.tokenizer_backend == "remote"  # found /tokenizer_info and tokenizes through /tokenize
     pairs = [("Question: 1 + 1 =", " 2"), ("The cat sat on the", " mat."), ("日本語", "のテキスト")]
     got = lm.loglikelihood([Instance("loglikelihood", {}, p, i) for i, p in enumerate(pairs)], disable_tqdm=True)

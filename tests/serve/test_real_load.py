@@ -41,8 +41,16 @@ def ragged_requests(seed: int, count: int) -> list[dict[str, Any]]:
     out = []
     for i in range(count):
         prompt = [1, 4 + i] + [rnd.randrange(4, 1000) for _ in range(rnd.randrange(0, 39))]  # 4 + i: all distinct
-        out.append({"prompt": prompt, "max_tokens": rnd.randrange(1, 49), "temperature": 0, "stream": i % 2 == 1,
-                    "return_token_ids": True, "user": f"client-{i}"})  # fmt: skip
+        out.append(
+            {
+                "prompt": prompt,
+                "max_tokens": rnd.randrange(1, 49),
+                "temperature": 0,
+                "stream": i % 2 == 1,
+                "return_token_ids": True,
+                "user": f"client-{i}",
+            }
+        )
     return out
 
 
@@ -123,8 +131,12 @@ def test_clients_leaving_mid_stream_free_their_slots(shard_dir: Path, oracle: Or
         # The handlers count a cancellation when they see the client leave; the engine frees the slot at
         # its next iteration, so the gauges may lag the counter by a step: wait for the whole idle state
         # (a slot that is never freed still fails at the deadline).
-        idle = {'plamo2_sequences_finished_total{reason="cancelled"}': 16, "plamo2_running_sequences": 0,
-                "plamo2_admitted_sequences": 0, "plamo2_queue_length": 0}  # fmt: skip
+        idle = {
+            'plamo2_sequences_finished_total{reason="cancelled"}': 16,
+            "plamo2_running_sequences": 0,
+            "plamo2_admitted_sequences": 0,
+            "plamo2_queue_length": 0,
+        }
         settle = time.monotonic() + 30  # from here: the joins above may take long on a loaded machine
         while True:  # at least one look, however long the joins took
             m = server.metrics()
@@ -134,8 +146,10 @@ def test_clients_leaving_mid_stream_free_their_slots(shard_dir: Path, oracle: Or
         assert {k: m.get(k) for k in idle} == idle, m
         assert m["plamo2_generation_tokens_total"] < 16 * 4000 / 4, "cancelled sequences kept decoding"
         # the freed slots serve at once
-        text, ids, finish = post(server.url, {"prompt": [1, 7, 8], "max_tokens": 5, "temperature": 0,
-                                              "stream": False, "return_token_ids": True})  # fmt: skip
+        text, ids, finish = post(
+            server.url,
+            {"prompt": [1, 7, 8], "max_tokens": 5, "temperature": 0, "stream": False, "return_token_ids": True},
+        )
         assert ids == oracle.tokens([1, 7, 8], 5)
     finally:
         assert server.stop() == 0, server.output

@@ -41,8 +41,18 @@ def server(shard_dir) -> Iterator[CliServer]:  # type: ignore[no-untyped-def]
 @pytest.fixture(scope="module")
 def strict_server(shard_dir) -> Iterator[CliServer]:  # type: ignore[no-untyped-def]
     """One decode slot, no queue, small bodies and contexts, and an API key from the environment."""
-    s = CliServer(shard_dir, "--max-batch", "1", "--max-queue", "0", "--max-body-bytes", "4096",
-                  "--max-context", "2048", env={"PLAMO2_API_KEY": KEY})  # fmt: skip
+    s = CliServer(
+        shard_dir,
+        "--max-batch",
+        "1",
+        "--max-queue",
+        "0",
+        "--max-body-bytes",
+        "4096",
+        "--max-context",
+        "2048",
+        env={"PLAMO2_API_KEY": KEY},
+    )
     yield s
     assert s.stop() == 0, s.output
 
@@ -60,8 +70,9 @@ def test_text_batch_and_token_id_prompts_equal_the_runtime_alone(server: CliServ
     assert [(c.text, c.finish_reason) for c in batch.choices] == [oracle.complete(p, 12) for p in PROMPTS]
 
     ids = [1, 17, 200, 33, 999, 5]
-    r = client.completions.create(model="tiny", prompt=ids, max_tokens=9, temperature=0,
-                                  extra_body={"return_token_ids": True})  # fmt: skip
+    r = client.completions.create(
+        model="tiny", prompt=ids, max_tokens=9, temperature=0, extra_body={"return_token_ids": True}
+    )
     want = oracle.tokens(ids, 9)
     assert r.choices[0].model_extra["token_ids"] == want
     assert r.choices[0].text == oracle.text(want)[0]
@@ -74,8 +85,16 @@ def test_streamed_chunks_concatenate_to_the_whole_answer(server: CliServer, orac
     chunk_counts = []
     for prompt in PROMPTS:
         whole = client.completions.create(model="tiny", prompt=prompt, max_tokens=40, temperature=0)
-        chunks = list(client.completions.create(model="tiny", prompt=prompt, max_tokens=40, temperature=0,
-                                                stream=True, stream_options={"include_usage": True}))  # fmt: skip
+        chunks = list(
+            client.completions.create(
+                model="tiny",
+                prompt=prompt,
+                max_tokens=40,
+                temperature=0,
+                stream=True,
+                stream_options={"include_usage": True},
+            )
+        )
         texts = [c.choices[0].text for c in chunks if c.choices]
         finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
         assert "".join(texts) == whole.choices[0].text == oracle.complete(prompt, 40)[0]
@@ -94,14 +113,16 @@ def test_stop_strings_cut_exactly(server: CliServer, oracle: Oracle) -> None:
         assert stop
         want = full[: full.find(stop)]
         for stream in (False, True):
-            r = client.completions.create(model="tiny", prompt=PROMPTS[1], max_tokens=40, temperature=0, stop=stop,
-                                          stream=stream)  # fmt: skip
+            r = client.completions.create(
+                model="tiny", prompt=PROMPTS[1], max_tokens=40, temperature=0, stop=stop, stream=stream
+            )
             chunks = list(r) if stream else [r]
             text = "".join(c.choices[0].text for c in chunks if c.choices)
             assert text == want, (stop, text, want)
             assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
-    never = client.completions.create(model="tiny", prompt=PROMPTS[1], max_tokens=40, temperature=0,
-                                      stop=["\x00never\x00"])  # fmt: skip
+    never = client.completions.create(
+        model="tiny", prompt=PROMPTS[1], max_tokens=40, temperature=0, stop=["\x00never\x00"]
+    )
     assert never.choices[0].text == full and never.choices[0].finish_reason == "length"
 
 
@@ -119,8 +140,9 @@ def test_the_translate_prompt_stops_at_its_op_token(server: CliServer, oracle: O
     full = oracle.text(oracle.tokens(ids, 64))[0]
     assert OP in full and not full.startswith(OP), "the tiny model (seed 5) writes the marker mid-answer"
     for stream in (False, True):
-        r = server.client().completions.create(model="tiny", prompt=prompt, max_tokens=64, temperature=0, stop=[OP],
-                                               stream=stream)  # fmt: skip
+        r = server.client().completions.create(
+            model="tiny", prompt=prompt, max_tokens=64, temperature=0, stop=[OP], stream=stream
+        )
         chunks = list(r) if stream else [r]
         assert "".join(c.choices[0].text for c in chunks) == full[: full.find(OP)]
         last = chunks[-1].choices[0]
@@ -131,8 +153,9 @@ def test_seeded_sampling_reproduces_and_is_the_runtimes(server: CliServer, oracl
     client = server.client()
 
     def sample(seed: int, n: int = 1) -> list[str]:
-        r = client.completions.create(model="tiny", prompt=PROMPTS[0], max_tokens=16, temperature=1.0, top_p=0.9,
-                                      seed=seed, n=n)  # fmt: skip
+        r = client.completions.create(
+            model="tiny", prompt=PROMPTS[0], max_tokens=16, temperature=1.0, top_p=0.9, seed=seed, n=n
+        )
         return [c.text for c in r.choices]
 
     a, b, c = sample(7), sample(7), sample(8)
@@ -285,8 +308,11 @@ def test_chat_with_a_template_in_the_checkpoint(cli, checkpoint, oracle: Oracle,
         assert r.choices[0].message.role == "assistant"
         assert (r.choices[0].message.content, r.choices[0].finish_reason) == oracle.text(oracle.tokens(ids, 16))
         assert r.usage.prompt_tokens == len(ids)
-        chunks = list(s.client().chat.completions.create(model=s.model, messages=messages, max_tokens=16,
-                                                         temperature=0, stream=True))  # fmt: skip
+        chunks = list(
+            s.client().chat.completions.create(
+                model=s.model, messages=messages, max_tokens=16, temperature=0, stream=True
+            )
+        )
         assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == r.choices[0].message.content
     finally:
         assert s.stop() == 0, s.output
@@ -296,8 +322,15 @@ def test_logprobs_of_generated_and_echoed_tokens_are_the_runtimes(server: CliSer
     import torch
 
     ids = oracle.ids(PROMPTS[1])
-    r = server.client().completions.create(model="tiny", prompt=ids, max_tokens=6, temperature=0, logprobs=3,
-                                           echo=True, extra_body={"return_token_ids": True})  # fmt: skip
+    r = server.client().completions.create(
+        model="tiny",
+        prompt=ids,
+        max_tokens=6,
+        temperature=0,
+        logprobs=3,
+        echo=True,
+        extra_body={"return_token_ids": True},
+    )
     gen = r.choices[0].model_extra["token_ids"]
     seq = ids + gen
     (logits,) = oracle.rt.prompt_logits([seq])

@@ -76,10 +76,20 @@ def test_new_prompt_lengths_after_warm_up_specialize_nothing(shards, tmp_path: P
     assert {sum(p) for p in probes[:4]} & warmed_totals == set()
     env = {**os.environ, "TRITON_INTERPRET": "1", "PLAMO2_WATCH_KERNELS": "1", "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(
-        [sys.executable, "-c", CHILD, str(shards("tiny", 1, 1, seed=5)), str(MAX_TOKENS), str(MAX_SEQS),
-         json.dumps(probes)],
-        env=env, capture_output=True, text=True, timeout=900,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-c",
+            CHILD,
+            str(shards("tiny", 1, 1, seed=5)),
+            str(MAX_TOKENS),
+            str(MAX_SEQS),
+            json.dumps(probes),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     assert got["partial"], "the control: a 13-token prefill warmed only up to 8 tokens must add keys"

@@ -33,8 +33,15 @@ def test_good_output_passes(cli, converted: Path) -> None:
     assert "ok" in r.stdout
     report = json.loads(cli("check", converted, "--json").stdout)
     assert report["ok"] is True and set(report["checks"]) == {
-        "config", "side_files", "files", "headers", "tensors", "replicas", "padding", "coverage"
-    }  # fmt: skip
+        "config",
+        "side_files",
+        "files",
+        "headers",
+        "tensors",
+        "replicas",
+        "padding",
+        "coverage",
+    }
 
 
 def test_flipped_byte_in_a_tensor(cli, converted: Path) -> None:

@@ -89,8 +89,7 @@ def test_streamed_digests_equal_digests_of_finished_files(cli, checkpoint, tmp_p
     }
 
 
-def test_resume_reverifies_finished_files(cli, medium_checkpoint: Path, tmp_path: Path,
-                                          interrupt) -> None:  # fmt: skip
+def test_resume_reverifies_finished_files(cli, medium_checkpoint: Path, tmp_path: Path, interrupt) -> None:
     """Interrupted after some files were journaled; one of them is then damaged without changing
     its size.  The rerun hashes every journaled file again: the damaged one is rewritten, the
     others kept, and the result equals an uninterrupted conversion."""

@@ -55,8 +55,13 @@ def _dead_writer(directory: Path) -> int:
         "print(os.getpid(), flush=True)\n"
         "os._exit(0)\n"
     )
-    proc = subprocess.run([sys.executable, "-c", code, str(directory)], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "PYTHONPATH": str(Path(lock.__file__).parents[2])})  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(directory)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(Path(lock.__file__).parents[2])},
+    )
     assert proc.returncode == 0, proc.stderr
     return int(proc.stdout.strip())
 

@@ -73,8 +73,9 @@ def test_second_convert_is_refused_at_once(cli, one_line_error, medium_checkpoin
     one into the same directory exits 3 without waiting, naming the holder; readers refuse too;
     the first then finishes and its output passes check."""
     out = tmp_path / "out"
-    first = subprocess.Popen(_convert_cmd(medium_checkpoint, out), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             text=True)  # fmt: skip
+    first = subprocess.Popen(
+        _convert_cmd(medium_checkpoint, out), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     try:
         _wait_until(lambda: _holder_pid(out) == first.pid, first, "it took the lock")
         first.send_signal(signal.SIGSTOP)
@@ -99,8 +100,12 @@ def test_two_converts_started_together(cli, one_line_error, medium_checkpoint: P
     writes; the other is refused with exit 3, or (if it only got there after the first finished)
     finds the conversion up to date and writes nothing."""
     out = tmp_path / "out"
-    procs = [subprocess.Popen(_convert_cmd(medium_checkpoint, out), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True) for _ in range(2)]  # fmt: skip
+    procs = [
+        subprocess.Popen(
+            _convert_cmd(medium_checkpoint, out), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for _ in range(2)
+    ]
     results = [(p, *p.communicate(timeout=300)) for p in procs]
     statuses = []
     for proc, stdout, stderr in results:
@@ -114,11 +119,13 @@ def test_two_converts_started_together(cli, one_line_error, medium_checkpoint: P
     cli("check", out, "--json")
 
 
-def test_lock_of_a_killed_convert_is_taken_over(cli, medium_checkpoint: Path, tmp_path: Path,
-                                                caplog: pytest.LogCaptureFixture) -> None:  # fmt: skip
+def test_lock_of_a_killed_convert_is_taken_over(
+    cli, medium_checkpoint: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     out = tmp_path / "out"
-    first = subprocess.Popen(_convert_cmd(medium_checkpoint, out), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                             text=True)  # fmt: skip
+    first = subprocess.Popen(
+        _convert_cmd(medium_checkpoint, out), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
     try:
         _wait_until(lambda: _journaled(out) >= 2, first, "two files were finished")
         first.send_signal(signal.SIGKILL)
@@ -136,17 +143,21 @@ def test_lock_of_a_killed_convert_is_taken_over(cli, medium_checkpoint: Path, tm
     assert not (out / LOCK_NAME).exists()
 
 
-def test_every_writer_and_reader_refuses_a_locked_directory(cli, one_line_error, checkpoint,
-                                                             tmp_path: Path) -> None:  # fmt: skip
+def test_every_writer_and_reader_refuses_a_locked_directory(cli, one_line_error, checkpoint, tmp_path: Path) -> None:
     """A lock held by this process stands for a writer at work (flock excludes other open files
     of the same process too)."""
     src, shards, merged = checkpoint("tiny", values="watermark"), tmp_path / "shards", tmp_path / "merged"
     cli("convert", src, shards, "--json")
     cli("merge", shards, merged, "--json")
     with OutputLock(shards, "convert"):
-        for args in (("check", shards), ("inspect", shards), ("merge", shards, tmp_path / "m2"),
-                     ("convert", shards, tmp_path / "re", "--tp", "2"), ("convert", src, shards),
-                     ("logits", shards, "--input-ids", "1,2", "--out", tmp_path / "x.npy")):  # fmt: skip
+        for args in (
+            ("check", shards),
+            ("inspect", shards),
+            ("merge", shards, tmp_path / "m2"),
+            ("convert", shards, tmp_path / "re", "--tp", "2"),
+            ("convert", src, shards),
+            ("logits", shards, "--input-ids", "1,2", "--out", tmp_path / "x.npy"),
+        ):
             assert "being written by `plamo2-tools convert`" in one_line_error(cli(*args, expect=3), 3)
     with OutputLock(merged, "merge"):
         for args in (("merge", shards, merged, "--force"), ("convert", merged, tmp_path / "c"), ("inspect", merged)):
@@ -208,8 +219,7 @@ def test_synth_force_keeps_the_users_files(cli, tmp_path: Path) -> None:
 
 
 # ---- interrupted writers never look complete, and readers say so ----------------------------------
-def test_interrupted_merge_is_named_and_redone(cli, one_line_error, checkpoint, tmp_path: Path,
-                                              interrupt) -> None:  # fmt: skip
+def test_interrupted_merge_is_named_and_redone(cli, one_line_error, checkpoint, tmp_path: Path, interrupt) -> None:
     shards, out = tmp_path / "shards", tmp_path / "merged"
     cli("convert", checkpoint("tiny", values="watermark"), shards, "--json")
     from plamo2_tools.convert import merge
@@ -226,8 +236,9 @@ def test_interrupted_merge_is_named_and_redone(cli, one_line_error, checkpoint, 
     cli("inspect", out, "--json")
 
 
-def test_inspect_recognises_an_unfinished_conversion(cli, one_line_error, medium_checkpoint: Path, tmp_path: Path,
-                                                     interrupt) -> None:  # fmt: skip
+def test_inspect_recognises_an_unfinished_conversion(
+    cli, one_line_error, medium_checkpoint: Path, tmp_path: Path, interrupt
+) -> None:
     interrupt(engine, "_stream_unit", on_call=4)
     out = tmp_path / "out"
     r = cli("convert", medium_checkpoint, out, *SPLIT, expect=130)  # stderr: the progress bar, then this line
@@ -239,8 +250,9 @@ def test_inspect_recognises_an_unfinished_conversion(cli, one_line_error, medium
 
 
 # ---- the environment's refusals ---------------------------------------------------------------------
-def test_read_only_output_directory(cli, one_line_error, checkpoint, tmp_path: Path,
-                                    monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_read_only_output_directory(
+    cli, one_line_error, checkpoint, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """An existing directory on a read-only mount (root ignores permissions: simulated at open)."""
     src, out = checkpoint("tiny", values="watermark"), tmp_path / "ro"
     out.mkdir()
@@ -266,8 +278,9 @@ def test_read_only_output_directory(cli, one_line_error, checkpoint, tmp_path: P
     assert not [p for p in out.rglob("*") if not p.is_dir()]
 
 
-def test_disk_full_says_real_sizes(cli, one_line_error, checkpoint, tmp_path: Path,
-                                   monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_disk_full_says_real_sizes(
+    cli, one_line_error, checkpoint, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     src, real = checkpoint("tiny", values="watermark"), shutil.disk_usage
     monkeypatch.setattr(shutil, "disk_usage", lambda p: real(p)._replace(free=1500))
     line = one_line_error(cli("convert", src, tmp_path / "out", expect=3), 3)

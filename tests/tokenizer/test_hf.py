@@ -185,6 +185,7 @@ def test_decode_kept_is_transformers_decode_with_specials_kept(tokdir: Path) -> 
     ids += [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
     fast = decode_kept_specials(tok)
     for row in ids:
-        want = tok.decode(row, skip_special_tokens=False, spaces_between_special_tokens=False,
-                          clean_up_tokenization_spaces=False)  # fmt: skip
+        want = tok.decode(
+            row, skip_special_tokens=False, spaces_between_special_tokens=False, clean_up_tokenization_spaces=False
+        )
         assert tok.decode_kept(row) == want and fast(row) == want, row

@@ -119,14 +119,16 @@ class Plamo2Family(Family):
 
         return LAYOUT
 
-    def reference_logits(self, ckpt: Any, sequences: Sequence[Sequence[int]], dtype: Any, device: Any = "cpu",
-                         **options: Any) -> Any:  # fmt: skip
+    def reference_logits(
+        self, ckpt: Any, sequences: Sequence[Sequence[int]], dtype: Any, device: Any = "cpu", **options: Any
+    ) -> Any:
         from .reference import reference_logits
 
         return reference_logits(ckpt, sequences, dtype, device)
 
-    def rank_model(self, cfg: Plamo2Config, stage: tuple[int, int], weights: dict[str, Any], ops: Any, comm: Any,
-                   **options: Any) -> Any:  # fmt: skip
+    def rank_model(
+        self, cfg: Plamo2Config, stage: tuple[int, int], weights: dict[str, Any], ops: Any, comm: Any, **options: Any
+    ) -> Any:
         from .layers import build_rank_model
 
         return build_rank_model(self, cfg, stage, weights, ops, comm, **options)

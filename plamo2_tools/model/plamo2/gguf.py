@@ -96,20 +96,35 @@ def runtime_notes(cfg: Plamo2Config) -> list[RuntimeNote]:
     attention = [i for i, mamba in enumerate(cfg.layer_is_mamba) if not mamba]
     windowed = [i for i in attention if cfg.attention_window(i) is not None]
     if windowed:
-        notes.append(RuntimeNote("window", f"no sliding window: llama.cpp's plamo2 attends to every earlier "
-                                 f"token in all attention layers; the reference's layers {windowed} see "
-                                 f"{cfg.attention_window_size} keys before the query, so they differ from "
-                                 f"position {cfg.attention_window_size + 1} on"))  # fmt: skip
+        notes.append(
+            RuntimeNote(
+                "window",
+                f"no sliding window: llama.cpp's plamo2 attends to every earlier "
+                f"token in all attention layers; the reference's layers {windowed} see "
+                f"{cfg.attention_window_size} keys before the query, so they differ from "
+                f"position {cfg.attention_window_size + 1} on",
+            )
+        )
     bases = {cfg.rope_base(i) for i in attention}
     if len(bases) > 1 or (bases and bases != {cfg.rope_theta}):
         local = sorted({cfg.rope_base(i) for i in attention if cfg.rope_base(i) != cfg.rope_theta})
-        notes.append(RuntimeNote("rope", f"PLaMo 2.1's per-layer RoPE base is lost: llama.cpp uses rope_theta = "
-                                 f"{cfg.rope_theta:g} in every attention layer, the sliding layers use {local} "
-                                 "(GGUF's plamo2 has no key for it)"))  # fmt: skip
+        notes.append(
+            RuntimeNote(
+                "rope",
+                f"PLaMo 2.1's per-layer RoPE base is lost: llama.cpp uses rope_theta = "
+                f"{cfg.rope_theta:g} in every attention layer, the sliding layers use {local} "
+                "(GGUF's plamo2 has no key for it)",
+            )
+        )
     if not cfg.tie_word_embeddings and cfg.lm_head_rows != cfg.vocab_size:
-        notes.append(RuntimeNote("vocab", f"the untied head has {cfg.lm_head_rows} rows (HF rounds it up to a "
-                                 f"multiple of 16) but llama.cpp expects {cfg.vocab_size}: the file does not "
-                                 "load (real PLaMo 2 vocabularies are multiples of 16)"))  # fmt: skip
+        notes.append(
+            RuntimeNote(
+                "vocab",
+                f"the untied head has {cfg.lm_head_rows} rows (HF rounds it up to a "
+                f"multiple of 16) but llama.cpp expects {cfg.vocab_size}: the file does not "
+                "load (real PLaMo 2 vocabularies are multiples of 16)",
+            )
+        )
     return notes
 
 

@@ -53,7 +53,7 @@ class MambaMixer:
             conv=torch.zeros(batch, self.inner, cfg.mamba_d_conv - 1, dtype=dtype, device=device),
             ssm=torch.zeros(
                 batch, self.heads, cfg.hidden_size_per_head, cfg.mamba_d_state, dtype=torch.float32, device=device
-            ),  # fmt: skip
+            ),
         )
 
     def __call__(self, a: Tensor, batch: Batch, state: MambaState, context: dict[Any, Any]) -> Tensor:
@@ -73,9 +73,18 @@ class MambaMixer:
             y = ops.ssd_state_update(state.ssm, x, dt, self.A, B, C, self.D, z, self.dt_bias)
         else:
             y, final = ops.ssd_chunk_scan(
-                x, dt, self.A, B, C, self.D, z, self.dt_bias, batch.cu_seqlens,
-                initial_state=state.ssm, chunk_size=cfg.mamba_chunk_size,
-            )  # fmt: skip
+                x,
+                dt,
+                self.A,
+                B,
+                C,
+                self.D,
+                z,
+                self.dt_bias,
+                batch.cu_seqlens,
+                initial_state=state.ssm,
+                chunk_size=cfg.mamba_chunk_size,
+            )
             state.ssm.copy_(final)
         return self.comm.all_reduce(ops.linear(y.reshape(T, self.inner), self.out_proj))
 
@@ -102,9 +111,16 @@ class AttentionMixer:
         T, d = a.shape[0], cfg.hidden_size_per_head
         # q/k norms, RoPE (fp32 tables) and the K/V cache writes in one launch (about 16 unfused).
         q = ops.qk_norm_rope(
-            ops.linear(a, self.qkv_proj), self.q_norm, self.k_norm, cfg.rms_norm_eps, *context[self.rope_base],
-            state.k, state.v, batch.seq_index, batch.positions,
-        )  # fmt: skip
+            ops.linear(a, self.qkv_proj),
+            self.q_norm,
+            self.k_norm,
+            cfg.rms_norm_eps,
+            *context[self.rope_base],
+            state.k,
+            state.v,
+            batch.seq_index,
+            batch.positions,
+        )
         o = ops.attention(q, state.k, state.v, batch.cu_seqlens, batch.kv_lens, self.scale, self.window)
         return self.comm.all_reduce(ops.linear(o.reshape(T, self.q_heads * d), self.o_proj))
 
@@ -118,8 +134,15 @@ class Plamo2RankModel(RankModel):
         return {b: rope_cos_sin(batch.positions, d, b, torch.float32) for b in bases}
 
 
-def build_rank_model(family: Any, cfg: Plamo2Config, stage: tuple[int, int], weights: dict[str, Tensor], ops: Any,
-                     comm: Comm, dtype: torch.dtype | None = None) -> Plamo2RankModel:  # fmt: skip
+def build_rank_model(
+    family: Any,
+    cfg: Plamo2Config,
+    stage: tuple[int, int],
+    weights: dict[str, Tensor],
+    ops: Any,
+    comm: Comm,
+    dtype: torch.dtype | None = None,
+) -> Plamo2RankModel:
     def mixer(i: int, w: dict[str, Tensor], sizes: RankSizes) -> Any:
         if cfg.layer_is_mamba[i]:
             return MambaMixer(cfg, w, sizes, ops, comm)

@@ -67,24 +67,47 @@ def differences(cfg: Plamo2Config) -> list[Difference]:
     out: list[Difference] = []
     attention = [i for i, m in enumerate(cfg.layer_is_mamba) if not m]
     if cfg.num_hidden_layers <= cfg.mamba_step // 2 and cfg.mamba_enabled:
-        out.append(Difference("does_not_run", f"mlx-lm cannot run this geometry: num_hidden_layers "
-                              f"{cfg.num_hidden_layers} <= mamba_step // 2 = {cfg.mamba_step // 2} (its decoder "
-                              "indexes the cache list at mamba_step // 2)", 0))  # fmt: skip
+        out.append(
+            Difference(
+                "does_not_run",
+                f"mlx-lm cannot run this geometry: num_hidden_layers "
+                f"{cfg.num_hidden_layers} <= mamba_step // 2 = {cfg.mamba_step // 2} (its decoder "
+                "indexes the cache list at mamba_step // 2)",
+                0,
+            )
+        )
     bases = {i: cfg.rope_base(i) for i in attention}
     wrong = sorted({b for b in bases.values() if b != MLX_LM_ROPE_BASE})
     if wrong:
         layers = [i for i, b in bases.items() if b != MLX_LM_ROPE_BASE]
-        out.append(Difference("rope_base", f"RoPE base {', '.join(f'{b:g}' for b in wrong)} on attention layer(s) "
-                              f"{layers}, but mlx-lm uses {MLX_LM_ROPE_BASE:g} everywhere", 1))  # fmt: skip
+        out.append(
+            Difference(
+                "rope_base",
+                f"RoPE base {', '.join(f'{b:g}' for b in wrong)} on attention layer(s) "
+                f"{layers}, but mlx-lm uses {MLX_LM_ROPE_BASE:g} everywhere",
+                1,
+            )
+        )
     windowed = [i for i in attention if cfg.attention_window(i) is not None]
     if windowed:
         w = cfg.attention_window_size
-        out.append(Difference("sliding_window", f"attention layer(s) {windowed} see {w} earlier tokens, but mlx-lm "
-                              f"attends to all of them: positions from {w + 1} on differ", w + 1))  # fmt: skip
+        out.append(
+            Difference(
+                "sliding_window",
+                f"attention layer(s) {windowed} see {w} earlier tokens, but mlx-lm "
+                f"attends to all of them: positions from {w + 1} on differ",
+                w + 1,
+            )
+        )
     if attention != list(range(cfg.num_hidden_layers)):
         lo, hi = MLX_LM_DT_LIMIT
-        out.append(Difference("dt_clamp", f"mlx-lm clamps the Mamba time step softplus(dt + dt_bias) to [{lo:g}, "
-                              f"{hi:g}]; the reference does not (values outside that range differ)"))  # fmt: skip
+        out.append(
+            Difference(
+                "dt_clamp",
+                f"mlx-lm clamps the Mamba time step softplus(dt + dt_bias) to [{lo:g}, "
+                f"{hi:g}]; the reference does not (values outside that range differ)",
+            )
+        )
     return out
 
 

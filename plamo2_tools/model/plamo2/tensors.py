@@ -76,8 +76,16 @@ def _norm(name: str) -> TensorKind:
     def shape(c: Plamo2Config) -> tuple[int, ...]:
         return (c.hidden_size,)
 
-    return TensorKind(f"{name}.weight", f"{name}.weight", EVERY_LAYER, shape, REPLICATED, replicated_rule(shape),
-                      offset(NORM_OFFSETS[name]), init="norm_delta")  # fmt: skip
+    return TensorKind(
+        f"{name}.weight",
+        f"{name}.weight",
+        EVERY_LAYER,
+        shape,
+        REPLICATED,
+        replicated_rule(shape),
+        offset(NORM_OFFSETS[name]),
+        init="norm_delta",
+    )
 
 
 def _I(c: Plamo2Config) -> int:
@@ -150,8 +158,13 @@ VLLM_EXTRAS = vllm_scale_buffers(ATTENTION)
 # out_proj (llama.cpp's ssm_out) is what breaks PLaMo 2 (a Q8_0 ssm_out loops: llama.cpp#24501; PFN keeps it in F16),
 # and bcdt_proj / dt_proj feed the SSM's B, C and time step (PFN's MLX "mixed" recipe keeps both unquantized), so
 # those three stay in the source dtype and are listed in the checkpoint's `ignore`.
-FP8_QUANTIZED = ("mixer.qkv_proj.weight", "mixer.o_proj.weight", "mlp.gate_up_proj.weight", "mlp.down_proj.weight",
-                 "mixer.in_proj.weight")  # fmt: skip
+FP8_QUANTIZED = (
+    "mixer.qkv_proj.weight",
+    "mixer.o_proj.weight",
+    "mlp.gate_up_proj.weight",
+    "mlp.down_proj.weight",
+    "mixer.in_proj.weight",
+)
 FP8_KEPT = ("mixer.bcdt_proj.weight", "mixer.dt_proj.weight", "mixer.out_proj.weight")
 
 

@@ -46,9 +46,17 @@ DEFAULTS: dict[str, Any] = {
     "pad_token_id": None,
 }
 INT_KEYS = (
-    "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
-    "intermediate_size", "vocab_size", "max_position_embeddings", "window_size", "sliding_window_pattern",
-)  # fmt: skip
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "intermediate_size",
+    "vocab_size",
+    "max_position_embeddings",
+    "window_size",
+    "sliding_window_pattern",
+)
 # PFN's config class maps these older names to the current ones (when the current one is absent).
 LEGACY = {"rope_global_theta": "rope_theta", "rope_local_base_freq": "rope_local_theta"}
 # YaRN's constants as PFN's config writes them (beta_fast 32, beta_slow 1, truncate false).
@@ -158,8 +166,18 @@ class Plamo3Config(PlamoConfig):
             values[key] = token_ids(values[key], source, key, many=key == "eos_token_id")
         layer_types = _layer_types(raw, values["num_hidden_layers"], values["sliding_window_pattern"], source)
         full, sliding, v5 = _ropes(raw, values, source)
-        known = set(DEFAULTS) | set(LEGACY) | {"model_type", "layer_types", "rope_parameters", "rope_scaling",
-                                               "sliding_window", "interleaved_sliding_window"}  # fmt: skip
+        known = (
+            set(DEFAULTS)
+            | set(LEGACY)
+            | {
+                "model_type",
+                "layer_types",
+                "rope_parameters",
+                "rope_scaling",
+                "sliding_window",
+                "interleaved_sliding_window",
+            }
+        )
         cfg = cls(
             hidden_size=values["hidden_size"],
             num_hidden_layers=values["num_hidden_layers"],
@@ -192,8 +210,15 @@ class Plamo3Config(PlamoConfig):
         """The config in the form it came in (v4 keys, or v5 with rope_parameters/layer_types);
         both forms describe the same model."""
         out: dict[str, Any] = dict(self.extra)
-        for key in INT_KEYS + ("rms_norm_eps", "tie_word_embeddings", "scale_embedding", "torch_dtype",
-                               "bos_token_id", "eos_token_id", "pad_token_id"):  # fmt: skip
+        for key in INT_KEYS + (
+            "rms_norm_eps",
+            "tie_word_embeddings",
+            "scale_embedding",
+            "torch_dtype",
+            "bos_token_id",
+            "eos_token_id",
+            "pad_token_id",
+        ):
             out[key] = getattr(self, key)
         out["model_type"] = self.model_type
         if self.v5:
@@ -242,8 +267,11 @@ def _check_yarn(rope: Rope, name: str, fail: Any) -> None:
             "must be set when rope_scaling_factor != 1 (YaRN needs the original context)",
         )
     elif int_problem("original_max_position_embeddings", orig):
-        fail(f"YaRN's original_max_position_embeddings of the {name} layers", orig,
-             int_problem("original_max_position_embeddings", orig))  # fmt: skip
+        fail(
+            f"YaRN's original_max_position_embeddings of the {name} layers",
+            orig,
+            int_problem("original_max_position_embeddings", orig),
+        )
     if not rope.beta_slow > 0:
         fail(f"beta_slow of the {name} layers", rope.beta_slow, "must be > 0")
     if not rope.beta_fast > rope.beta_slow:
@@ -297,8 +325,10 @@ def _ropes(raw: dict[str, Any], values: dict[str, Any], source: str) -> tuple[Ro
     if isinstance(params, dict) and (FULL in params or SLIDING in params):
         odd = sorted(set(params) - {FULL, SLIDING})
         if odd:
-            raise ConfigError(f"{source}: rope_parameters has {odd[0]!r} beside the layer types {FULL!r} and "
-                              f"{SLIDING!r}: one form or the other")  # fmt: skip
+            raise ConfigError(
+                f"{source}: rope_parameters has {odd[0]!r} beside the layer types {FULL!r} and "
+                f"{SLIDING!r}: one form or the other"
+            )
         full = _rope_of(params.get(FULL), values["rope_theta"], source, FULL)
         sliding = _rope_of(params.get(SLIDING), values["rope_local_theta"], source, SLIDING)
         return full, sliding, True
@@ -337,9 +367,15 @@ def _rope_of(entry: Any, default_theta: float, source: str, what: str) -> Rope:
 def _rope_dict(r: Rope) -> dict[str, Any]:
     if not r.is_yarn:
         return {"rope_type": "default", "rope_theta": r.theta}
-    return {"rope_type": "yarn", "rope_theta": r.theta, "factor": r.yarn_factor,
-            "original_max_position_embeddings": r.original_max_positions, "beta_fast": r.beta_fast,
-            "beta_slow": r.beta_slow, "truncate": r.truncate}  # fmt: skip
+    return {
+        "rope_type": "yarn",
+        "rope_theta": r.theta,
+        "factor": r.yarn_factor,
+        "original_max_position_embeddings": r.original_max_positions,
+        "beta_fast": r.beta_fast,
+        "beta_slow": r.beta_slow,
+        "truncate": r.truncate,
+    }
 
 
 def _int(value: Any, source: str, name: str) -> int:

@@ -31,8 +31,7 @@ TENSORS = (
     GGUFTensor("lm_head.weight", "output.weight"),
 )
 
-_CTX_KEYS = ("max_position_embeddings", "n_ctx", "n_positions", "max_length", "max_sequence_length",
-             "model_max_length")  # fmt: skip
+_CTX_KEYS = ("max_position_embeddings", "n_ctx", "n_positions", "max_length", "max_sequence_length", "model_max_length")
 _FF_KEYS = ("prefix_dense_intermediate_size", "dense_intermediate_size", "intermediate_size", "n_inner", "hidden_dim")
 
 
@@ -41,9 +40,16 @@ def _rope_parameters(raw: dict[str, Any]) -> dict[str, Any]:
     params = rope_parameters(raw)
     factor = raw.get("rope_scaling_factor", 1)
     if factor != 1 and "rope_type" not in params:
-        params.update({"rope_type": "yarn", "factor": float(factor),
-                       "original_max_position_embeddings": int(raw["initial_context_length"]),
-                       "beta_fast": YARN_BETA_FAST, "beta_slow": YARN_BETA_SLOW, "truncate": False})  # fmt: skip
+        params.update(
+            {
+                "rope_type": "yarn",
+                "factor": float(factor),
+                "original_max_position_embeddings": int(raw["initial_context_length"]),
+                "beta_fast": YARN_BETA_FAST,
+                "beta_slow": YARN_BETA_SLOW,
+                "truncate": False,
+            }
+        )
     return params
 
 
@@ -51,10 +57,13 @@ def metadata(cfg: Plamo3Config, raw: dict[str, Any]) -> list[WriterCall]:
     """`TextModel.set_gguf_parameters` then `Plamo3Model.set_gguf_parameters`, call for call, from
     config.json raw (the converter reads it so; a key it does not find it does not write)."""
     calls: list[WriterCall] = [("add_block_count", (cfg.num_hidden_layers,))]
-    for method, keys in (("add_context_length", _CTX_KEYS), ("add_embedding_length", ("hidden_size", "n_embd", "dim")),
-                         ("add_feed_forward_length", _FF_KEYS),
-                         ("add_head_count", ("num_attention_heads", "n_head", "n_heads")),
-                         ("add_head_count_kv", ("num_key_value_heads", "n_kv_heads"))):  # fmt: skip
+    for method, keys in (
+        ("add_context_length", _CTX_KEYS),
+        ("add_embedding_length", ("hidden_size", "n_embd", "dim")),
+        ("add_feed_forward_length", _FF_KEYS),
+        ("add_head_count", ("num_attention_heads", "n_head", "n_heads")),
+        ("add_head_count_kv", ("num_key_value_heads", "n_kv_heads")),
+    ):
         value = find_hparam(raw, keys)
         if value is not None:
             calls.append((method, (value,)))
@@ -63,12 +72,17 @@ def metadata(cfg: Plamo3Config, raw: dict[str, Any]) -> list[WriterCall]:
     params = _rope_parameters(raw)
     full = params.get("full_attention", params)
     if full.get("rope_type") == "yarn" and full.get("factor") is not None:
-        calls += [("add_rope_scaling_type", ("yarn",)), ("add_rope_scaling_factor", (full["factor"],)),
-                  ("add_rope_scaling_orig_ctx_len", (full["original_max_position_embeddings"],))]  # fmt: skip
-        for key, method in (("extrapolation_factor", "add_rope_scaling_yarn_ext_factor"),
-                            ("attention_factor", "add_rope_scaling_yarn_attn_factor"),
-                            ("beta_fast", "add_rope_scaling_yarn_beta_fast"),
-                            ("beta_slow", "add_rope_scaling_yarn_beta_slow")):  # fmt: skip
+        calls += [
+            ("add_rope_scaling_type", ("yarn",)),
+            ("add_rope_scaling_factor", (full["factor"],)),
+            ("add_rope_scaling_orig_ctx_len", (full["original_max_position_embeddings"],)),
+        ]
+        for key, method in (
+            ("extrapolation_factor", "add_rope_scaling_yarn_ext_factor"),
+            ("attention_factor", "add_rope_scaling_yarn_attn_factor"),
+            ("beta_fast", "add_rope_scaling_yarn_beta_fast"),
+            ("beta_slow", "add_rope_scaling_yarn_beta_slow"),
+        ):
             value = full.get(key, full.get("attn_factor")) if key == "attention_factor" else full.get(key)
             if value is not None:
                 calls.append((method, (value,)))
@@ -77,8 +91,10 @@ def metadata(cfg: Plamo3Config, raw: dict[str, Any]) -> list[WriterCall]:
     local = params.get("sliding_attention", {}).get("rope_theta")
     if local is not None:
         calls.append(("add_rope_freq_base_swa", (local,)))
-    for method, keys in (("add_layer_norm_rms_eps", ("rms_norm_eps", "norm_eps")),
-                         ("add_layer_norm_eps", ("layer_norm_eps", "layer_norm_epsilon", "norm_epsilon"))):  # fmt: skip
+    for method, keys in (
+        ("add_layer_norm_rms_eps", ("rms_norm_eps", "norm_eps")),
+        ("add_layer_norm_eps", ("layer_norm_eps", "layer_norm_epsilon", "norm_epsilon")),
+    ):
         value = find_hparam(raw, keys)
         if value is not None:
             calls.append((method, (value,)))
@@ -120,16 +136,29 @@ def runtime_notes(cfg: Plamo3Config) -> list[RuntimeNote]:
     """What llama.cpp's `plamo3` graph does differently from the reference for this config."""
     notes = []
     if FULL in cfg.layer_types and len(set(cfg.layer_types)) > 1:
-        notes.append(RuntimeNote("window", f"sliding layers see W = {cfg.window_size} keys counting the query "
-                                 "(llama.cpp's standard SWA): vLLM's convention; PFN's HF code sees the query "
-                                 f"and W before it, so the two differ from position {cfg.window_size} on",
-                                 diverges=False))  # fmt: skip
+        notes.append(
+            RuntimeNote(
+                "window",
+                f"sliding layers see W = {cfg.window_size} keys counting the query "
+                "(llama.cpp's standard SWA): vLLM's convention; PFN's HF code sees the query "
+                f"and W before it, so the two differ from position {cfg.window_size} on",
+                diverges=False,
+            )
+        )
     if cfg.rope_sliding.is_yarn:
-        notes.append(RuntimeNote("yarn", "YaRN on the sliding layers is not applied: llama.cpp scales only the "
-                                 "full-attention layers' RoPE"))  # fmt: skip
+        notes.append(
+            RuntimeNote(
+                "yarn",
+                "YaRN on the sliding layers is not applied: llama.cpp scales only the full-attention layers' RoPE",
+            )
+        )
     if cfg.scale_embedding:
-        notes.append(RuntimeNote("embedding", "scale_embedding is not applied (llama.cpp's plamo3 does not scale "
-                                 "the embedding by sqrt(hidden_size))"))  # fmt: skip
+        notes.append(
+            RuntimeNote(
+                "embedding",
+                "scale_embedding is not applied (llama.cpp's plamo3 does not scale the embedding by sqrt(hidden_size))",
+            )
+        )
     return notes
 
 

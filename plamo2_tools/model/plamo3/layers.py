@@ -27,8 +27,16 @@ Tensor = torch.Tensor
 
 
 class AttentionMixer:
-    def __init__(self, cfg: Plamo3Config, w: dict[str, Tensor], sizes: RankSizes, layer: int, ops: Any, comm: Comm,
-                 convention: str) -> None:  # fmt: skip
+    def __init__(
+        self,
+        cfg: Plamo3Config,
+        w: dict[str, Tensor],
+        sizes: RankSizes,
+        layer: int,
+        ops: Any,
+        comm: Comm,
+        convention: str,
+    ) -> None:
         self.cfg, self.ops, self.comm = cfg, ops, comm
         self.q_heads, self.kv_heads = sizes.q_heads, sizes.kv_heads
         self.qkv_proj, self.o_proj = w["qkv_proj.weight"], w["o_proj.weight"]
@@ -46,9 +54,16 @@ class AttentionMixer:
     def __call__(self, a: Tensor, batch: Batch, state: KVCache, context: dict[Any, Any]) -> Tensor:
         T, d, ops = a.shape[0], self.cfg.head_dim, self.ops
         q = ops.qk_norm_rope(
-            ops.linear(a, self.qkv_proj), self.q_norm, self.k_norm, self.cfg.rms_norm_eps, *context[self.rope_kind],
-            state.k, state.v, batch.seq_index, batch.positions,
-        )  # fmt: skip
+            ops.linear(a, self.qkv_proj),
+            self.q_norm,
+            self.k_norm,
+            self.cfg.rms_norm_eps,
+            *context[self.rope_kind],
+            state.k,
+            state.v,
+            batch.seq_index,
+            batch.positions,
+        )
         o = self.ops.attention(q, state.k, state.v, batch.cu_seqlens, batch.kv_lens, self.scale, self.window)
         return self.comm.all_reduce(self.ops.linear(o.reshape(T, self.q_heads * d), self.o_proj))
 
@@ -79,9 +94,16 @@ class Plamo3RankModel(RankModel):
         }
 
 
-def build_rank_model(family: Any, cfg: Plamo3Config, stage: tuple[int, int], weights: dict[str, Tensor], ops: Any,
-                     comm: Comm, dtype: torch.dtype | None = None,
-                     window_convention: str = "hf") -> Plamo3RankModel:  # fmt: skip
+def build_rank_model(
+    family: Any,
+    cfg: Plamo3Config,
+    stage: tuple[int, int],
+    weights: dict[str, Tensor],
+    ops: Any,
+    comm: Comm,
+    dtype: torch.dtype | None = None,
+    window_convention: str = "hf",
+) -> Plamo3RankModel:
     def mixer(i: int, w: dict[str, Tensor], sizes: RankSizes) -> AttentionMixer:
         return AttentionMixer(cfg, w, sizes, i, ops, comm, window_convention)
 

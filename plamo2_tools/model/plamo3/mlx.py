@@ -49,13 +49,15 @@ def pattern_is_full(cfg: Plamo3Config, layer: int) -> bool:
 
 def mlx_config(raw: dict[str, Any], cfg: Plamo3Config) -> dict[str, Any]:
     out = dict(raw)
-    out.update({
-        "rope_theta": cfg.rope_full.theta,
-        "rope_local_theta": cfg.rope_sliding.theta,
-        "window_size": cfg.window_size,
-        "sliding_window_pattern": cfg.sliding_window_pattern,
-        "head_dim": cfg.head_dim,
-    })  # fmt: skip
+    out.update(
+        {
+            "rope_theta": cfg.rope_full.theta,
+            "rope_local_theta": cfg.rope_sliding.theta,
+            "window_size": cfg.window_size,
+            "sliding_window_pattern": cfg.sliding_window_pattern,
+            "head_dim": cfg.head_dim,
+        }
+    )
     if "sliding_window" in out:  # mlx-lm prefers it over window_size: the same value, or none at all
         out["sliding_window"] = cfg.window_size
     return out
@@ -65,21 +67,42 @@ def differences(cfg: Plamo3Config) -> list[Difference]:
     out: list[Difference] = []
     for kind, rope in (("full", cfg.rope_full), ("sliding", cfg.rope_sliding)):
         if rope.is_yarn:
-            out.append(Difference("yarn", f"the {kind}-attention layers use {rope.describe()}, but mlx-lm has no "
-                                  "YaRN (plain RoPE with the base alone)", 1))  # fmt: skip
+            out.append(
+                Difference(
+                    "yarn",
+                    f"the {kind}-attention layers use {rope.describe()}, but mlx-lm has no "
+                    "YaRN (plain RoPE with the base alone)",
+                    1,
+                )
+            )
     mismatched = [i for i in range(cfg.num_hidden_layers) if (cfg.layer_types[i] == FULL) != pattern_is_full(cfg, i)]
     if mismatched:
         rule = f"(i + 1) % {cfg.sliding_window_pattern} == 0 is full"
-        out.append(Difference("layer_types", f"layer(s) {mismatched} have a type that mlx-lm's pattern rule ({rule}) "
-                              "does not give them", 1))  # fmt: skip
+        out.append(
+            Difference(
+                "layer_types",
+                f"layer(s) {mismatched} have a type that mlx-lm's pattern rule ({rule}) does not give them",
+                1,
+            )
+        )
     if cfg.scale_embedding:
-        out.append(Difference("scale_embedding", "scale_embedding is set, but mlx-lm does not scale the embedding "
-                              "by sqrt(hidden_size)", 0))  # fmt: skip
+        out.append(
+            Difference(
+                "scale_embedding",
+                "scale_embedding is set, but mlx-lm does not scale the embedding by sqrt(hidden_size)",
+                0,
+            )
+        )
     if any(t != FULL for t in cfg.layer_types):
         w = cfg.window_size
-        out.append(Difference("window_decode", f"mlx-lm scores a sequence with the reference's window (the query and "
-                              f"{w} keys before it) but decodes with a cache of {w} keys in all, the query included: "
-                              f"greedy continuations past position {w} follow the other convention"))  # fmt: skip
+        out.append(
+            Difference(
+                "window_decode",
+                f"mlx-lm scores a sequence with the reference's window (the query and "
+                f"{w} keys before it) but decodes with a cache of {w} keys in all, the query included: "
+                f"greedy continuations past position {w} follow the other convention",
+            )
+        )
     return out
 
 

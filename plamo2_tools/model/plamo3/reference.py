@@ -27,8 +27,9 @@ def rope(x: torch.Tensor, positions: torch.Tensor, freqs: torch.Tensor, scale: f
     return x * cos + torch.cat([-x2, x1], dim=-1) * sin
 
 
-def attention_mixer(a: torch.Tensor, w: dict[str, torch.Tensor], cfg: Plamo3Config, layer: int,
-                    convention: str) -> torch.Tensor:  # fmt: skip
+def attention_mixer(
+    a: torch.Tensor, w: dict[str, torch.Tensor], cfg: Plamo3Config, layer: int, convention: str
+) -> torch.Tensor:
     T = a.shape[0]
     H, K, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
     q, k, v = (a @ w["qkv_proj.weight"].T).split([H * d, K * d, K * d], dim=-1)
@@ -42,8 +43,9 @@ def attention_mixer(a: torch.Tensor, w: dict[str, torch.Tensor], cfg: Plamo3Conf
     return o.reshape(T, H * d) @ w["o_proj.weight"].T
 
 
-def decoder_layer(h: torch.Tensor, w: dict[str, torch.Tensor], cfg: Plamo3Config, layer: int,
-                  convention: str) -> torch.Tensor:  # fmt: skip
+def decoder_layer(
+    h: torch.Tensor, w: dict[str, torch.Tensor], cfg: Plamo3Config, layer: int, convention: str
+) -> torch.Tensor:
     eps = cfg.rms_norm_eps
 
     def norm(x: torch.Tensor, name: str) -> torch.Tensor:

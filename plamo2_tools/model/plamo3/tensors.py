@@ -80,16 +80,34 @@ def _norm(name: str) -> TensorKind:
     def shape(c: Plamo3Config) -> tuple[int, ...]:
         return (c.hidden_size,)
 
-    return TensorKind(f"{name}.weight", f"{name}.weight", EVERY_LAYER, shape, REPLICATED, replicated_rule(shape),
-                      offset(NORM_OFFSETS[name]), init="norm_delta", cast_first=True)  # fmt: skip
+    return TensorKind(
+        f"{name}.weight",
+        f"{name}.weight",
+        EVERY_LAYER,
+        shape,
+        REPLICATED,
+        replicated_rule(shape),
+        offset(NORM_OFFSETS[name]),
+        init="norm_delta",
+        cast_first=True,
+    )
 
 
 def _qk_norm(name: str) -> TensorKind:
     def shape(c: Plamo3Config) -> tuple[int, ...]:
         return (c.head_dim,)
 
-    return TensorKind(name, name, EVERY_LAYER, shape, REPLICATED, replicated_rule(shape), offset(QK_NORM_OFFSET),
-                      init="norm_delta", cast_first=True)  # fmt: skip
+    return TensorKind(
+        name,
+        name,
+        EVERY_LAYER,
+        shape,
+        REPLICATED,
+        replicated_rule(shape),
+        offset(QK_NORM_OFFSET),
+        init="norm_delta",
+        cast_first=True,
+    )
 
 
 def _qd(c: Plamo3Config) -> int:

@@ -42,7 +42,7 @@ def make_batch(
         decode=decode,
         logits_index=None
         if logits_index is None
-        else torch.tensor(list(logits_index), dtype=torch.long, device=device),  # fmt: skip
+        else torch.tensor(list(logits_index), dtype=torch.long, device=device),
     )
 
 
@@ -72,8 +72,9 @@ class RankCore:
     def vocab_size(self) -> int:
         return int(self.cfg.vocab_size)
 
-    def batch(self, chunks: Sequence[Sequence[int]], starts: Sequence[int], decode: bool,
-              logits_index: Sequence[int] | None) -> Batch:  # fmt: skip
+    def batch(
+        self, chunks: Sequence[Sequence[int]], starts: Sequence[int], decode: bool, logits_index: Sequence[int] | None
+    ) -> Batch:
         return make_batch(chunks, starts, decode, logits_index, self.device)
 
     def new_states(self, batch: int, capacity: int) -> dict[int, MixerState]:

@@ -83,9 +83,14 @@ class RankEngine(RankCore):
         ops = get_ops(backend, device)
         weights = load_rank_weights(manifest, info.rank, device, verify=verify_files)  # digests taken as it copies
         model = family_of(cfg).rank_model(
-            cfg, manifest.mapping.stages[info.pp_rank], weights, ops, comm, dtype=manifest.activation_dtype.torch,
+            cfg,
+            manifest.mapping.stages[info.pp_rank],
+            weights,
+            ops,
+            comm,
+            dtype=manifest.activation_dtype.torch,
             **(forward_options or {}),
-        )  # fmt: skip
+        )
         super().__init__(model, cfg, comm, device, ops, prefill_chunk, cuda_graph, prefill_tokens)
         self.decode_runner: DecodeRunner | None = None
         self.graph_backend: GraphBackend | None = None  # None: CUDA graphs where possible (graphs.py)
@@ -266,8 +271,15 @@ class RankEngine(RankCore):
         reasons = [r.finish_reason or "length" for r in requests]
         return Generation([r.tokens for r in requests], logits, reasons, slots)
 
-    def serve(self, intake_for: Callable[[RankEngine], Intake], slots: int, capacity: int, eos_token_ids: Sequence[int],
-              sync_every: int, on_updates: OnUpdates | None) -> None:  # fmt: skip
+    def serve(
+        self,
+        intake_for: Callable[[RankEngine], Intake],
+        slots: int,
+        capacity: int,
+        eos_token_ids: Sequence[int],
+        sync_every: int,
+        on_updates: OnUpdates | None,
+    ) -> None:
         """The online loop on this rank: requests arrive through the intake (see `online`) until it
         says stop.  Every sampling mode's graphs are captured first, so any mix of requests decodes
         from graphs."""
@@ -277,8 +289,9 @@ class RankEngine(RankCore):
         options = GenerateOptions(slots, max(1, sync_every))
         main = self.comm.info.rank == 0
         self.serving_stats = LoopStats()
-        loop = GenerationLoop(self, runner, sched, options, intake_for(self), on_updates if main else None,
-                              self.serving_stats)  # fmt: skip
+        loop = GenerationLoop(
+            self, runner, sched, options, intake_for(self), on_updates if main else None, self.serving_stats
+        )
         try:
             loop.run()
         finally:
@@ -360,10 +373,19 @@ class Runtime:
         ranks = open_ranks(self.mode, mapping.tp, mapping.pp, device, str(shards))
         self.rank, self.world = ranks.rank, ranks.world
         self.engines = [
-            RankEngine(self.manifest, comm, ranks.device, backend, prefill_chunk, cuda_graph, prefill_tokens,
-                       self.forward_options, verify_files)
+            RankEngine(
+                self.manifest,
+                comm,
+                ranks.device,
+                backend,
+                prefill_chunk,
+                cuda_graph,
+                prefill_tokens,
+                self.forward_options,
+                verify_files,
+            )
             for comm in ranks.comms
-        ]  # fmt: skip
+        ]
         timeline.mark("load_end")
 
     @property
@@ -422,8 +444,9 @@ class Runtime:
             return self.online.token_scores(seqs, starts, top_k)
         return self._spmd("token_scores", seqs, starts, top_k)
 
-    def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int | Sequence[int], **kwargs: Any
-                 ) -> Generation:  # fmt: skip
+    def generate(
+        self, prompts: Sequence[Sequence[int]], max_new_tokens: int | Sequence[int], **kwargs: Any
+    ) -> Generation:
         """`RankEngine.generate` on every rank.  `max_batch="auto"` is resolved once here (thread
         ranks share the device) or by all torchrun ranks together; `batch_plan` keeps the answer.
         While an online loop runs, the prompts are submitted to it and this waits for them."""

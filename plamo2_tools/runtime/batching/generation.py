@@ -398,13 +398,18 @@ class GenerationLoop:
         states = {
             layer: st.rows(keep[0], keep[0] + n) if contiguous else st.select(index)
             for layer, st in group.states.items()
-        }  # fmt: skip
+        }
         slots = [r.slot for r in reqs]
         assert all(s is not None for s in slots)
         self.runner.admit(
-            slots, states, first, [len(r.prompt) for r in reqs], [r.key for r in reqs],  # type: ignore[arg-type]
-            [r.temperature for r in reqs], [r.top_p for r in reqs],
-        )  # fmt: skip
+            slots,
+            states,
+            first,
+            [len(r.prompt) for r in reqs],
+            [r.key for r in reqs],  # type: ignore[arg-type]
+            [r.temperature for r in reqs],
+            [r.top_p for r in reqs],
+        )
         for r in reqs:
             r.live = True
         stamp(reqs, "prefilled")

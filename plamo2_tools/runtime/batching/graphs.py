@@ -108,8 +108,9 @@ def recurrent_tensors(state: MixerState) -> list[Tensor]:
 class DecodeRunner:
     """Static buffers, state pool and (optionally) captured graphs of one rank's decode step."""
 
-    def __init__(self, engine: RankCore, slots: int, capacity: int, use_graphs: bool,
-                 backend: GraphBackend | None = None) -> None:  # fmt: skip
+    def __init__(
+        self, engine: RankCore, slots: int, capacity: int, use_graphs: bool, backend: GraphBackend | None = None
+    ) -> None:
         self.engine, self.slots, self.capacity = engine, slots, capacity
         self.use_graphs = use_graphs and (backend is not None or graphs_possible(engine))
         self.backend: GraphBackend | None = None

@@ -44,13 +44,21 @@ class BatchPlan:
 
     def describe(self) -> str:
         gib, mib = 2**30, 2**20
-        return (f"auto batch size: {self.slots} sequences of {self.capacity} tokens "
-                f"({self.per_slot_bytes / mib:.2f} MiB each + {self.fixed_bytes / gib:.2f} GiB held once, "
-                f"budget {self.budget_bytes / gib:.2f} GiB; bound by {self.limit})")  # fmt: skip
+        return (
+            f"auto batch size: {self.slots} sequences of {self.capacity} tokens "
+            f"({self.per_slot_bytes / mib:.2f} MiB each + {self.fixed_bytes / gib:.2f} GiB held once, "
+            f"budget {self.budget_bytes / gib:.2f} GiB; bound by {self.limit})"
+        )
 
     def to_dict(self) -> dict[str, Any]:
-        return {"slots": self.slots, "capacity": self.capacity, "per_slot_bytes": self.per_slot_bytes,
-                "fixed_bytes": self.fixed_bytes, "budget_bytes": self.budget_bytes, "limit": self.limit}  # fmt: skip
+        return {
+            "slots": self.slots,
+            "capacity": self.capacity,
+            "per_slot_bytes": self.per_slot_bytes,
+            "fixed_bytes": self.fixed_bytes,
+            "budget_bytes": self.budget_bytes,
+            "limit": self.limit,
+        }
 
 
 def activation_bytes_per_token(engine: Any) -> int:

@@ -267,9 +267,22 @@ class RankIntake:
         t, p = sampling_settings(req.temperature, req.top_p)
         key = request_key(cmd.seed, req.stream)
         stamps = {"taken": time.monotonic()} if self.rank == 0 and self.host.trace else None
-        loop.sched.add([Request(cmd.index, list(req.prompt_token_ids), int(req.max_tokens), key, temperature=t,
-                                top_p=p, stop=stop, tag=req.request_id,
-                                eos=frozenset() if req.ignore_eos else None, stamps=stamps)])  # fmt: skip
+        loop.sched.add(
+            [
+                Request(
+                    cmd.index,
+                    list(req.prompt_token_ids),
+                    int(req.max_tokens),
+                    key,
+                    temperature=t,
+                    top_p=p,
+                    stop=stop,
+                    tag=req.request_id,
+                    eos=frozenset() if req.ignore_eos else None,
+                    stamps=stamps,
+                )
+            ]
+        )
 
 
 # ---- the host side ---------------------------------------------------------------------------------
@@ -354,8 +367,15 @@ class OnlineLoop:
     def _main(self) -> None:
         rt = self.runtime
         try:
-            rt._spmd("serve", lambda engine: RankIntake(self, engine), self.max_batch, self.capacity, self.eos,
-                     self.sync_every, self._deliver)  # fmt: skip
+            rt._spmd(
+                "serve",
+                lambda engine: RankIntake(self, engine),
+                self.max_batch,
+                self.capacity,
+                self.eos,
+                self.sync_every,
+                self._deliver,
+            )
         except BaseException as e:  # noqa: BLE001 - reported to every waiting request
             self.error = e
             self._fail_all(f"the generation loop failed: {e!r}")
@@ -414,8 +434,9 @@ class OnlineLoop:
             if request_id in self.handles:
                 self.inbox.put(Cancel(request_id))
 
-    def token_scores(self, seqs: Sequence[Sequence[int]], starts: Sequence[int], top_k: int = 0,
-                     timeout: float | None = None) -> list[TokenScores]:  # fmt: skip
+    def token_scores(
+        self, seqs: Sequence[Sequence[int]], starts: Sequence[int], top_k: int = 0, timeout: float | None = None
+    ) -> list[TokenScores]:
         """`Runtime.token_scores` run inside the loop between two of its iterations (prompt
         logprobs for echo / loglikelihood); blocks the calling thread until done."""
         with self.lock:
@@ -432,8 +453,10 @@ class OnlineLoop:
         return box[0]
 
     def generate(self, *args: Any, **kwargs: Any) -> Any:
-        raise UserError("Runtime.generate cannot run while an online loop serves the runtime: submit the "
-                        "requests to the loop (OnlineLoop.submit) or close it first")  # fmt: skip
+        raise UserError(
+            "Runtime.generate cannot run while an online loop serves the runtime: submit the "
+            "requests to the loop (OnlineLoop.submit) or close it first"
+        )
 
     def stats(self) -> OnlineStats:
         return self._stats
@@ -475,7 +498,7 @@ class OnlineLoop:
         top = tuple(
             tuple((int(i), float(v)) for i, v in zip(ids.tolist(), vals.tolist(), strict=True))
             for ids, vals in zip(scores.top_ids, scores.top_logprobs, strict=True)
-        )  # fmt: skip
+        )
         lp = PromptLogprobs(tuple(float(x) for x in scores.logprobs.tolist()), top)
         event = Event(request_id, (), prompt_logprobs=lp)
         handle._push(event)

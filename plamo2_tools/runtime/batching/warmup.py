@@ -71,8 +71,13 @@ def prefill_buckets(max_tokens: int, max_sequences: int) -> list[tuple[int, int]
     return out
 
 
-def plan_for(rt: Runtime, max_batch: int | str, capacity: int, max_prompt_tokens: int | None,
-             modes: tuple[str, ...] = ("greedy",)) -> WarmupPlan:  # fmt: skip
+def plan_for(
+    rt: Runtime,
+    max_batch: int | str,
+    capacity: int,
+    max_prompt_tokens: int | None,
+    modes: tuple[str, ...] = ("greedy",),
+) -> WarmupPlan:
     """The run's shapes: the slot pool of `max_batch` ("auto": as the device's memory holds) at
     `capacity` tokens, prefill forwards up to the runtime's prefill budget (or `max_prompt_tokens`)."""
     limit = min(capacity, int(rt.config.max_position_embeddings))
@@ -89,8 +94,9 @@ def prefill_order(prefill: tuple[tuple[int, int], ...]) -> list[tuple[int, int]]
     return single + sorted((b for b in prefill if b[1] > 1), key=lambda b: (-b[0], -b[1]))
 
 
-def warm(rt: Runtime, plan: WarmupPlan, progress: Callable[[int], None] | None = None,
-         max_seconds: float | None = None) -> WarmupResult:  # fmt: skip
+def warm(
+    rt: Runtime, plan: WarmupPlan, progress: Callable[[int], None] | None = None, max_seconds: float | None = None
+) -> WarmupResult:
     """Run the plan's shapes on `rt` (module doc): decode at every batch bucket, then the prefill
     buckets in `prefill_order`, none started after `max_seconds`; seconds per phase, what was
     left out, and what the caches hold."""
@@ -160,7 +166,12 @@ def write_tuned_table(directory: Path, device: Any, command: str) -> Path:
     from ...version import __version__
 
     card = tuned.current_card(device)
-    made_with = {"plamo2_tools": __version__, "torch": torch.__version__, "triton": triton.__version__,
-                 "commit": os.environ.get("PLAMO2_BENCH_COMMIT"), "command": command,
-                 "tuned_tables_read": os.environ.get("PLAMO2_TUNED", "1") != "0"}  # fmt: skip
+    made_with = {
+        "plamo2_tools": __version__,
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "commit": os.environ.get("PLAMO2_BENCH_COMMIT"),
+        "command": command,
+        "tuned_tables_read": os.environ.get("PLAMO2_TUNED", "1") != "0",
+    }
     return tuned.write_table(directory / f"{card.slug}.json", card, tuned_decisions(), made_with)

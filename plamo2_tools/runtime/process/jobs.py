@@ -46,8 +46,9 @@ def run_job(
         return job(rt, **args)
 
 
-def run_service(job: Callable[..., Any], runtime: dict[str, Any], args: dict[str, Any],
-                extra_env: dict[str, str] | None = None) -> int:  # fmt: skip
+def run_service(
+    job: Callable[..., Any], runtime: dict[str, Any], args: dict[str, Any], extra_env: dict[str, str] | None = None
+) -> int:
     """A long-lived job (a server) on fresh torchrun ranks (`launch.launch_service`): the shard
     files checked here first, once, as `run_job` does; the ranks' exit code."""
     world, runtime = _checked_before_launch(runtime)

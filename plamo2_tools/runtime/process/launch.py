@@ -66,8 +66,9 @@ def launch(job: Callable[..., Any], args: dict[str, Any], nproc: int, extra_env:
         return load_result(result)
 
 
-def launch_service(job: Callable[..., Any], args: dict[str, Any], nproc: int,
-                   extra_env: dict[str, str] | None = None) -> int:  # fmt: skip
+def launch_service(
+    job: Callable[..., Any], args: dict[str, Any], nproc: int, extra_env: dict[str, str] | None = None
+) -> int:
     """Run `job(runtime, **args)` on `nproc` torchrun ranks until it ends by itself; its exit code.
 
     For a server: the ranks print straight to our stdout/stderr; torchrun runs in a session of
@@ -78,8 +79,11 @@ def launch_service(job: Callable[..., Any], args: dict[str, Any], nproc: int,
     """
     with tempfile.TemporaryDirectory(prefix="plamo2-launch-") as tmp:
         spec, pid_file = Path(tmp) / "job.json", Path(tmp) / "rank0.pid"
-        spec.write_text(json.dumps({"job": job_name(job), "args": args, "result": str(Path(tmp) / "result"),
-                                    "pid_file": str(pid_file)}))  # fmt: skip
+        spec.write_text(
+            json.dumps(
+                {"job": job_name(job), "args": args, "result": str(Path(tmp) / "result"), "pid_file": str(pid_file)}
+            )
+        )
         env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), **(extra_env or {})}
         proc = subprocess.Popen(_torchrun(nproc, spec), env=env, start_new_session=True)
 
@@ -115,5 +119,13 @@ def launch_service(job: Callable[..., Any], args: dict[str, Any], nproc: int,
 
 
 def _torchrun(nproc: int, spec: Path) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-            "-m", "plamo2_tools.runtime.process.jobs", str(spec)]  # fmt: skip
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        "-m",
+        "plamo2_tools.runtime.process.jobs",
+        str(spec),
+    ]

@@ -45,8 +45,9 @@ CHUNK = 32 << 20  # bytes read (and hashed, and copied to the device) at a time
 STAGES = 3  # pinned staging buffers on CUDA
 
 
-def load_rank_weights(manifest: Manifest, rank: int, device: torch.device, verify: bool = True
-                      ) -> dict[str, torch.Tensor]:  # fmt: skip
+def load_rank_weights(
+    manifest: Manifest, rank: int, device: torch.device, verify: bool = True
+) -> dict[str, torch.Tensor]:
     """The tensors of one global rank on `device`, every file's digest checked on the loaded bytes
     unless `verify` is off."""
     weights: dict[str, torch.Tensor] = {}
@@ -183,8 +184,9 @@ class Staging:
                 self.events[i].synchronize()  # type: ignore[union-attr]
 
 
-def load_file(manifest: Manifest, name: str, device: torch.device, verify: bool = True,
-              stage: Staging | None = None) -> dict[str, torch.Tensor]:  # fmt: skip
+def load_file(
+    manifest: Manifest, name: str, device: torch.device, verify: bool = True, stage: Staging | None = None
+) -> dict[str, torch.Tensor]:
     """One shard file's tensors on `device`, its digest checked on the loaded bytes (`verify`)."""
     path = Path(manifest.path) / name
     header = read_header(path)
