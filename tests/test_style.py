@@ -21,7 +21,7 @@ OFF, ON = re.compile(r"^\s*#\s*fmt:\s*off\s*$"), re.compile(r"^\s*#\s*fmt:\s*on\
 
 def python_files() -> list[str]:
     out = subprocess.run(["git", "ls-files", "*.py"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
-    return [f for f in out.splitlines() if (ROOT / f).is_file()]
+    return [f for f in out.splitlines() if (ROOT / f).is_file() and f != "tests/test_style.py"]  # it names them
 
 
 def opt_outs(name: str, text: str) -> list[str]:

@@ -91,7 +91,7 @@ def test_no_help_screen_has_a_defect(screens: dict[str, str]) -> None:
 def test_arguments_are_named_as_the_readme_names_them(screens: dict[str, str]) -> None:
     usage = {name: next(ln.strip() for ln in text.splitlines() if "Usage:" in ln) for name, text in screens.items()}
     assert usage["convert"].endswith("[OPTIONS] SRC OUT")
-    assert usage["check"].endswith("[OPTIONS] SHARDS") and usage["eval"].endswith("[OPTIONS] SHARDS")
+    assert usage["check"].endswith("[OPTIONS] PATH") and usage["eval"].endswith("[OPTIONS] SHARDS")
     assert usage["verify"].endswith("[OPTIONS] TARGET...") and usage["report"].endswith("[OPTIONS] INPUT...")
 
 
