@@ -165,7 +165,17 @@ def test_a_second_writer_is_refused_naming_the_first(run, one_line_error, tiny_s
         "1",
         "--json",
     ]
-    first = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=cli_env(), text=True, cwd=ROOT)
+    # SIGINT at its default, as a terminal's Ctrl-C finds a foreground process: a test run started in
+    # the background (CI's second pass runs under `trap '' INT`) would hand the child an ignored SIGINT.
+    first = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=cli_env(),
+        text=True,
+        cwd=ROOT,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     try:
         lock = work / ".res.jsonl.plamo2.lock"
         deadline = time.monotonic() + 120
