@@ -32,8 +32,9 @@ _HOMES = {
     "eval": ".api",
     "Score": ".api",
     "Runtime": ".runtime.batching.engine",
-    # Being written on other branches (issue 30 and 31): `export` (GGUF, MLX, FP8: plamo2_tools/export/)
-    # and the deployment verify (`verify TARGET`: plamo2_tools/deploy/) get their lines here when they land.
+    # Not here yet: one `export` (the three writers differ in shape: export.gguf.export_gguf,
+    # export.fp8.export_fp8, export.mlx.export_mlx, which takes an opened source) and `verify` of any
+    # deployment (deploy.verify.verify_targets); `verify` above judges shard directories.
 }
 __all__ = ["__version__", *_HOMES]
 
