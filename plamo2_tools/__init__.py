@@ -30,11 +30,11 @@ _HOMES = {
     "check": ".api",
     "verify": ".api",
     "eval": ".api",
+    "export": ".api",
     "Score": ".api",
     "Runtime": ".runtime.batching.engine",
-    # Not here yet: one `export` (the three writers differ in shape: export.gguf.export_gguf,
-    # export.fp8.export_fp8, export.mlx.export_mlx, which takes an opened source) and `verify` of any
-    # deployment (deploy.verify.verify_targets); `verify` above judges shard directories.
+    # Not here yet: `verify` of any deployment (deploy.verify.verify_targets); `verify` above judges
+    # shard directories.
 }
 __all__ = ["__version__", *_HOMES]
 

@@ -126,6 +126,37 @@ def check(shards: str | Path) -> CheckReport:
     return check_shards(shards)
 
 
+def export(src: str | Path, out: str | Path, format: str, **kwargs: Any) -> Any:
+    """`src` (an HF checkpoint, or our shards) written for another runtime and, unless `verify=False`,
+    judged against the reference as `verify` judges a deployment (docs/export.md).  `format`:
+    "gguf" (llama.cpp; kwargs: type_name, tensor_types, recipe, force, verify, ... of
+    `export.gguf.export_gguf`), "mlx" (mlx-lm; kwargs: bits, group_size, mixed, dtype, force, verify,
+    reference, max_part) or "fp8" (compressed-tensors for vLLM; kwargs of `export.fp8.export_fp8`)."""
+    from .errors import UserError
+
+    if format == "gguf":
+        from .export.gguf import export_gguf
+
+        return export_gguf(Path(src), Path(out), **kwargs)
+    if format == "fp8":
+        from .export.fp8 import export_fp8
+
+        return export_fp8(src, out, **kwargs)
+    if format == "mlx":
+        from .dtypes import float_dtype
+        from .export.mlx import Recipe, export_mlx_path
+
+        dtype = kwargs.pop("dtype", None)
+        recipe = Recipe(
+            bits=kwargs.pop("bits", None),
+            group_size=kwargs.pop("group_size", 64),
+            mixed=kwargs.pop("mixed", False),
+            dtype=float_dtype(dtype) if dtype else None,
+        )
+        return export_mlx_path(src, out, recipe, **kwargs)
+    raise UserError(f"export format {format!r}: one of gguf, mlx, fp8")
+
+
 def verify(
     shards: str | Path | Sequence[str | Path],
     reference: str | Path,

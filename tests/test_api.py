@@ -101,11 +101,33 @@ def test_the_functions_keep_their_names_after_their_modules_load() -> None:
     the commands do) must not turn `from plamo2_tools import verify` into the module (it did, before
     the face guarded its names)."""
     code = (
-        "import plamo2_tools.verify, plamo2_tools.convert.engine, plamo2_tools.eval.harness\n"
-        "from plamo2_tools import convert, eval, verify\n"
+        "import plamo2_tools.verify, plamo2_tools.convert.engine, plamo2_tools.eval.harness, plamo2_tools.export.fp8\n"
+        "from plamo2_tools import convert, eval, export, verify\n"
         "from plamo2_tools.verify import compare\n"
         "from plamo2_tools.convert import engine\n"
-        "assert all(callable(f) and f.__module__ == 'plamo2_tools.api' for f in (convert, eval, verify))\n"
+        "assert all(callable(f) and f.__module__ == 'plamo2_tools.api' for f in (convert, eval, export, verify))\n"
         "assert callable(compare) and engine.__name__ == 'plamo2_tools.convert.engine'\n"
     )
     python_ok(code)
+
+
+@pytest.mark.parametrize("fmt", ["gguf", "mlx", "fp8"])
+def test_export_writes_each_format(checkpoint: Any, tmp_path: Path, fmt: str) -> None:
+    """`export(src, out, format)` reaches each writer with its own options (unverified here: the
+    verifications are the export tests' business); an unknown format is one refusal."""
+    from plamo2_tools import export
+    from plamo2_tools.errors import UserError
+
+    src = checkpoint("tiny3", seed=4)
+    if fmt == "gguf":
+        pytest.importorskip("gguf")
+        export(src, tmp_path / "m.gguf", "gguf", type_name="f32", verify=False)
+        assert (tmp_path / "m.gguf").stat().st_size > 0
+    elif fmt == "mlx":
+        record = export(src, tmp_path / "mlx", "mlx", bits=4, group_size=32, verify=False)
+        assert record["bits_per_weight"] < 8 and (tmp_path / "mlx" / "config.json").is_file()
+    else:
+        result = export(src, tmp_path / "fp8", "fp8", verify=False)
+        assert result.quantized > 0 and (tmp_path / "fp8" / "config.json").is_file()
+    with pytest.raises(UserError, match="one of gguf, mlx, fp8"):
+        export(src, tmp_path / "x", "onnx")

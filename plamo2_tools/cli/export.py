@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -147,38 +146,22 @@ def mlx(
     float64 reference go into OUT/plamo2_export.json.  Exit 1 when mlx-lm's output diverges (the
     directory is kept: the divergence is mlx-lm's, named in the figures)."""
     from ..convert.plan import parse_size
-    from ..convert.sources import HFSource, open_source, source_side_files
     from ..dtypes import float_dtype
-    from ..export.mlx import Recipe, export_mlx, planned_bytes, verifier
+    from ..export.mlx import Recipe, export_mlx_path
 
     if bits is not None and bits not in (4, 8):
         raise UserError(f"--bits {bits}: choose 4 or 8")
     recipe = Recipe(bits=bits, group_size=group_size, mixed=mixed, dtype=float_dtype(dtype) if dtype else None)
-    recipe.check()
-    limit = parse_size(max_part_size)
-    source = open_source(src)
-    try:
-        check = None
-        if not no_verify:
-            ref = reference or (src if isinstance(source, HFSource) else None)
-            if ref is None:
-                raise UserError(f"{src} is a shard directory: give --reference HF_CHECKPOINT to verify, or --no-verify")
-            check = verifier(ref, recipe, source.config)
-        start = time.perf_counter()
-        with byte_progress(f"export mlx {src}", planned_bytes(source, recipe), enabled=not as_json) as progress:
-            record = export_mlx(
-                source,
-                source_side_files(source),
-                out_dir,
-                recipe,
-                force=force,
-                verify=check,
-                max_part=limit,
-                progress=progress,
-            )
-        record["seconds"] = time.perf_counter() - start
-    finally:
-        source.close()
+    record = export_mlx_path(
+        src,
+        out_dir,
+        recipe,
+        verify=not no_verify,
+        reference=reference,
+        force=force,
+        max_part=parse_size(max_part_size),
+        progress_for=lambda total: byte_progress(f"export mlx {src}", total, enabled=not as_json),
+    )
     verification = record.get("verification")
     if as_json:
         print_json(record)

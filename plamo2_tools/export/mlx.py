@@ -20,6 +20,7 @@ import fnmatch
 import json
 import math
 import os
+import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -372,6 +373,55 @@ def export_mlx(
         if config_written and not finished:  # stopped during the verification: must not look loadable
             (out / CONFIG_NAME).unlink(missing_ok=True)
         lock.release()
+
+
+def export_mlx_path(
+    src: str | Path,
+    out: str | Path,
+    recipe: Recipe,
+    *,
+    verify: bool = True,
+    reference: str | Path | None = None,
+    force: bool = False,
+    max_part: int = MAX_PART_BYTES,
+    progress_for: Callable[[int], Any] | None = None,
+) -> dict[str, Any]:
+    """`export mlx SRC OUT` as a library call: SRC (an HF checkpoint, or our shards with `reference`
+    to verify against) opened, written to OUT and, unless `verify` is off, judged with mlx-lm.
+    `progress_for(total_bytes)` may return a context manager yielding the byte-progress callback."""
+    import contextlib
+
+    from ..convert.sources import HFSource, open_source, source_side_files
+
+    recipe.check()
+    source = open_source(Path(src))
+    try:
+        check = None
+        if verify:
+            ref = reference or (src if isinstance(source, HFSource) else None)
+            if ref is None:
+                raise UserError(
+                    f"{src} is a shard directory: give --reference HF_CHECKPOINT (reference=) to verify, "
+                    "or --no-verify (verify=False)"
+                )
+            check = verifier(Path(ref), recipe, source.config)
+        start = time.perf_counter()
+        bar = progress_for(planned_bytes(source, recipe)) if progress_for else contextlib.nullcontext(None)
+        with bar as progress:
+            record = export_mlx(
+                source,
+                source_side_files(source),
+                out,
+                recipe,
+                force=force,
+                verify=check,
+                max_part=max_part,
+                progress=progress,
+            )
+        record["seconds"] = time.perf_counter() - start
+    finally:
+        source.close()
+    return record
 
 
 def export_record(
