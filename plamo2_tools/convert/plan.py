@@ -8,7 +8,7 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from ..dtypes import FLOAT_DTYPES, DType, dtype_name
 from ..errors import UserError, os_error
@@ -94,9 +94,17 @@ def parse_size(text: str) -> int:
     return value
 
 
-def _split_parts(tensors: list[OutputTensor], max_part_size: int) -> list[list[OutputTensor]]:
-    """Greedy in key order, like vLLM's save_sharded_state."""
-    parts: list[list[OutputTensor]] = [[]]
+class _Sized(Protocol):
+    @property
+    def nbytes(self) -> int: ...
+
+
+SizedT = TypeVar("SizedT", bound=_Sized)
+
+
+def split_parts(tensors: list[SizedT], max_part_size: int) -> list[list[SizedT]]:
+    """Greedy in key order, like vLLM's save_sharded_state (also export mlx's files)."""
+    parts: list[list[SizedT]] = [[]]
     size = 0
     for t in tensors:
         if parts[-1] and size + t.nbytes > max_part_size:
@@ -159,7 +167,7 @@ def make_plan(
     for rank in range(mapping.world_size):
         meta = file_metadata(mapping, rank)
         tensors = rank_tensors(family, source.config, src_dtypes, mapping, rank, out_dtype)
-        for part, group in enumerate(_split_parts(tensors, max_part_size)):
+        for part, group in enumerate(split_parts(tensors, max_part_size)):
             # Laid out in the order the engine streams sources, so every file is written front to
             # back and hashed on the fly (see engine.stream_order).
             group = sorted(group, key=lambda t: order[t.source])

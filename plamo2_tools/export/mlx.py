@@ -30,6 +30,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from ..convert.plan import split_parts
 from ..dtypes import UINT32, DType
 from ..errors import CheckpointError, EnvironmentLimitError, UserError
 from ..kinds import EXPORT_MLX_KIND, EXPORT_MLX_SCHEMA_VERSION
@@ -185,18 +186,6 @@ def mlx_config(source: Source, quant: dict[str, Any] | None, dtype: DType | None
     return dict(sorted(out.items()))
 
 
-def group_files(planned: list[Planned], max_part: int) -> list[list[Planned]]:
-    groups: list[list[Planned]] = [[]]
-    size = 0
-    for p in planned:
-        if groups[-1] and size + p.nbytes > max_part:
-            groups.append([])
-            size = 0
-        groups[-1].append(p)
-        size += p.nbytes
-    return groups
-
-
 def file_names(count: int) -> list[str]:
     """mlx-lm's names (utils.save_model), which its loader globs as model*.safetensors."""
     if count == 1:
@@ -336,7 +325,7 @@ def export_mlx(
         raise UserError("; ".join(problems))
     ensure_not_being_written(out)
     planned, quant = plan(source, recipe)
-    groups = group_files(planned, max_part)
+    groups = split_parts(planned, max_part)
     weights = file_names(len(groups))
     sides = side_copies(side_files)
     writes = [*weights, *([INDEX_NAME] if len(groups) > 1 else []), *(p.name for p in sides), CONFIG_NAME, FIGURES_NAME]
