@@ -187,6 +187,7 @@ def write_base(
 _STAT = re.compile(
     r"^(?P<name>[^:]+?)\s*:\s*(?P<value>-?[\d.]+(?:e[-+]?\d+)?|nan|inf)\s*(?:±\s*(?P<unc>-?[\d.]+))?\s*%?\s*$"
 )
+_ANNOUNCED = re.compile(r"computing over (\d+) chunks")
 _CHUNK = re.compile(
     r"^\s*(\d+)\s+(-?[\d.]+)\s+±\s+(-?[\d.]+)\s+(-?[\d.]+)\s+±\s+(-?[\d.]+)\s+(-?[\d.]+)\s+±\s+"
     r"(-?[\d.]+)\s+(-?[\d.]+)\s+±\s+(-?[\d.]+)\s+%\s+(-?[\d.]+)\s+±\s+(-?[\d.]+)\s+%\s*$"
@@ -196,10 +197,22 @@ _CHUNK = re.compile(
 def read_kld_report(text: str) -> dict[str, Any]:
     """The figures of a `llama-perplexity --kl-divergence` run (its stdout/stderr as text): the
     statistics block (mean/median/percentile KLD, PPL ratio, Δp, same top p; printed from 100
-    scored tokens on) and the last per-chunk line (always printed).  Percent figures as fractions."""
+    scored tokens on) and the per-chunk lines.  Percent figures as fractions.
+
+    llama.cpp's tools log through a queue that a worker thread drains, and the queue is never flushed
+    at exit (`common/log.cpp`: the main logger is never destroyed): the last lines of a run, a chunk
+    line or the statistics, can be missing from what was captured.  `chunks_announced` (from
+    "computing over N chunks") and `complete` say whether the figures cover the whole run; each
+    per-chunk line holds the running figures up to that chunk, so a cut output is still right for
+    the chunks it shows."""
     stats: dict[str, Any] = {}
     chunks = []
+    announced = None
     for line in text.splitlines():
+        a = _ANNOUNCED.search(line)
+        if a:
+            announced = int(a.group(1))
+            continue
         m = _CHUNK.match(line)
         if m:
             v = [float(x) for x in m.groups()]
@@ -226,6 +239,8 @@ def read_kld_report(text: str) -> dict[str, Any]:
         raise UserError("no llama-perplexity --kl-divergence figures in this text")
     out: dict[str, Any] = {"kind": "llama-perplexity-kld", "statistics": stats, "chunks": chunks}
     last = chunks[-1] if chunks else {}
+    out["chunks_announced"] = announced
+    out["complete"] = announced is not None and last.get("chunk") == announced
     out["mean_kld"] = stats.get("Mean KLD", last.get("mean_kld"))
     out["same_top_p"] = stats.get("Same top p", last.get("same_top_p"))
     out["max_kld"] = stats.get("Maximum KLD")
