@@ -16,6 +16,8 @@ from __future__ import annotations
 CONVERT_KIND, CONVERT_SCHEMA_VERSION = "plamo2-convert", 1  # convert --json: convert/engine.py
 CHECK_KIND, CHECK_SCHEMA_VERSION = "plamo2-check", 1  # check --json: shards/check.py
 SOURCE_CHECK_KIND, SOURCE_CHECK_SCHEMA_VERSION = "plamo2-check-source", 1  # check --source: shards/source_check.py
+CHECK_EXPORT_KIND, CHECK_EXPORT_SCHEMA_VERSION = "plamo2-check-export", 1  # check EXPORT --source: export/check.py
+GGUF_CHECK_KIND, GGUF_CHECK_SCHEMA_VERSION = "plamo2-check-gguf", 1  # check OUT.gguf --source: export/gguf_check.py
 INSPECT_KIND, INSPECT_SCHEMA_VERSION = "plamo2-inspect", 1  # inspect --json: inspect.py
 VERIFY_KIND, VERIFY_SCHEMA_VERSION = "plamo2-verify", 1  # demo's per-layout verify: verify.py
 VERIFY_TARGETS_KIND, VERIFY_TARGETS_SCHEMA_VERSION = "plamo2-verify-targets", 1  # verify TARGET: deploy/verify.py

@@ -35,6 +35,7 @@ FOUNDATION = {
     "version",
     "output_lock",
     "file_output",
+    "check_report",
     "__init__",
 }
 # PLaMo's tokenizer format is a leaf (it imports only errors); synth writes one for every checkpoint.

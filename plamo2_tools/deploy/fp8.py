@@ -26,7 +26,7 @@ from ..model.checkpoint import HFCheckpoint
 from ..model.registry import hf_tensor_shapes
 from ..shards.owned import ensure_readable_checkpoint
 from .compare import log_softmax
-from .target import Continuation, Scores, is_fp8_config
+from .target import Continuation, DirectoryTokenizer, Scores, is_fp8_config
 
 PRECISION = "fp8"  # not a key of compare.THRESHOLDS: judged as "quantized"
 FP8_MAX = 448.0  # torch.finfo(torch.float8_e4m3fn).max
@@ -146,7 +146,7 @@ class FP8Target:
             raise
         self.names = list(hf_tensor_shapes(self.config))
         self.dtype, self.activations = dtype, activations
-        self._tokenizer: Any = None
+        self._tokenize = DirectoryTokenizer(self.path)
 
     def info(self) -> dict[str, Any]:
         return {
@@ -190,13 +190,7 @@ class FP8Target:
         return out
 
     def tokenize(self, text: str) -> list[int] | None:
-        from ..tokenizer import has_plamo_vocab, load_native
-
-        if not has_plamo_vocab(self.path):
-            return None
-        if self._tokenizer is None:
-            self._tokenizer = load_native(self.path)
-        return list(self._tokenizer(text, add_special_tokens=False)["input_ids"])
+        return self._tokenize(text)
 
     def close(self) -> None:
         self.ckpt.close()

@@ -27,7 +27,7 @@ from ..errors import CheckpointError, UserError
 from ..model.registry import family_of, load_config
 from ..shards.owned import ensure_readable_checkpoint
 from .compare import log_softmax
-from .target import Continuation, Scores
+from .target import Continuation, DirectoryTokenizer, Scores
 
 
 class MLXTarget:
@@ -50,7 +50,7 @@ class MLXTarget:
         except (ValueError, FileNotFoundError, KeyError, IndexError, OSError, RuntimeError) as e:
             raise CheckpointError(f"{spec}: mlx-lm cannot load it ({type(e).__name__}: {e})") from None
         self._versions = {"mlx": mx.__version__, "mlx_lm": mlx_lm.__version__}
-        self._tokenizer: Any = None
+        self._tokenize = DirectoryTokenizer(self.path)
 
     def info(self) -> dict[str, Any]:
         layout = self.family.mlx_layout()
@@ -130,13 +130,7 @@ class MLXTarget:
         return out
 
     def tokenize(self, text: str) -> list[int] | None:
-        from ..tokenizer import has_plamo_vocab, load_native
-
-        if not has_plamo_vocab(self.path):
-            return None
-        if self._tokenizer is None:
-            self._tokenizer = load_native(self.path)
-        return list(self._tokenizer(text, add_special_tokens=False)["input_ids"])
+        return self._tokenize(text)
 
     def close(self) -> None:
         self.model = None

@@ -85,6 +85,25 @@ class Target(Protocol):
     def close(self) -> None: ...
 
 
+class DirectoryTokenizer:
+    """PLaMo's own tokenizer of a model directory (an MLX or FP8 export, a copied checkpoint), loaded
+    on first use: the `tokenize` of targets that carry the checkpoint's tokenizer files.  None for a
+    directory without PLaMo's vocabulary (parity is then not checked)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._tokenizer: Any = None
+
+    def __call__(self, text: str) -> list[int] | None:
+        from ..tokenizer import has_plamo_vocab, load_native
+
+        if not has_plamo_vocab(self.path):
+            return None
+        if self._tokenizer is None:
+            self._tokenizer = load_native(self.path)
+        return list(self._tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
 # kind -> "module:Class"; imported only when a target of that kind is opened (optional extras).
 TARGETS: dict[str, str] = {
     "shards": "plamo2_tools.deploy.shards:ShardsTarget",

@@ -18,50 +18,33 @@ Torch-free for the byte comparison (numpy, like the exports); memory is one tens
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from ..check_report import SourceComparison
 from ..convert.sources import Source, open_source
 from ..dtypes import DType, float_dtype
 from ..errors import CheckpointError, UserError
 from ..jsonio import CONFIG_BYTES, read_object
-from ..kinds import EXPORT_FP8_KIND, EXPORT_MLX_KIND
+from ..kinds import CHECK_EXPORT_KIND, CHECK_EXPORT_SCHEMA_VERSION, EXPORT_FP8_KIND, EXPORT_MLX_KIND
 from ..numerics import to_float32
 from ..safetensors_io import read_array, read_header, tensor_bytes
 
-CHECK_EXPORT_KIND, CHECK_EXPORT_SCHEMA_VERSION = "plamo2-check-export", 1
 SIDE_JSON = "plamo2_export.json"  # export/mlx.py FIGURES_NAME, export/fp8.py SIDE_JSON: one name
 FORMATS = {EXPORT_MLX_KIND: "mlx", EXPORT_FP8_KIND: "fp8"}
 
 
 @dataclass
-class ExportCheckReport:
-    path: Path
-    source: Path
-    format: str
-    tensors: int = 0  # output tensors compared byte for byte
+class ExportCheckReport(SourceComparison):
+    KIND, SCHEMA_VERSION = CHECK_EXPORT_KIND, CHECK_EXPORT_SCHEMA_VERSION
+    format: str = ""
     independent: str = ""  # what was checked by the other package, or why not
-    problems: list[str] = field(default_factory=list)
 
-    @property
-    def ok(self) -> bool:
-        return not self.problems
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "kind": CHECK_EXPORT_KIND,
-            "schema_version": CHECK_EXPORT_SCHEMA_VERSION,
-            "path": str(self.path),
-            "source": str(self.source),
-            "format": self.format,
-            "ok": self.ok,
-            "tensors_compared": self.tensors,
-            "independent": self.independent,
-            "problems": self.problems,
-        }
+    def extra(self) -> dict[str, Any]:
+        return {"format": self.format, "independent": self.independent}
 
 
 def export_format(path: Path) -> str | None:
@@ -321,7 +304,7 @@ def check_export(out: str | Path, source: str | Path) -> ExportCheckReport:
 
     ensure_readable_checkpoint(out)  # one of ours still being written, or left unfinished: refused in one line
     src = open_source(source_path)
-    report = ExportCheckReport(out, source_path, fmt)
+    report = ExportCheckReport(out, source_path, format=fmt)
     try:
         (check_mlx if fmt == "mlx" else check_fp8)(out, src, report)
     finally:

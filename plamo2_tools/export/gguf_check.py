@@ -23,13 +23,13 @@ from typing import Any
 import gguf
 import numpy as np
 
+from ..check_report import SourceComparison
 from ..errors import CheckpointError, UserError
+from ..kinds import GGUF_CHECK_KIND, GGUF_CHECK_SCHEMA_VERSION
 from ..model.checkpoint import HFCheckpoint
 from .gguf_meta import OWN_KEY
 from .gguf_plan import FILE_TYPES, Override, PlannedTensor, plan_tensors
 
-GGUF_CHECK_KIND = "plamo2-check-gguf"
-GGUF_CHECK_SCHEMA_VERSION = 1
 _NUMPY_TYPES = {
     gguf.GGMLQuantizationType.F32,
     gguf.GGMLQuantizationType.F16,
@@ -43,30 +43,13 @@ _NUMPY_TYPES = {
 
 
 @dataclass
-class GGUFCheckReport:
-    path: Path
-    source: Path
-    tensors: int = 0
+class GGUFCheckReport(SourceComparison):
+    KIND, SCHEMA_VERSION = GGUF_CHECK_KIND, GGUF_CHECK_SCHEMA_VERSION
     keys: int = 0
     not_rederived: list[str] = field(default_factory=list)
-    problems: list[str] = field(default_factory=list)
 
-    @property
-    def ok(self) -> bool:
-        return not self.problems
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "kind": GGUF_CHECK_KIND,
-            "schema_version": GGUF_CHECK_SCHEMA_VERSION,
-            "path": str(self.path),
-            "source": str(self.source),
-            "ok": self.ok,
-            "tensors_compared": self.tensors,
-            "keys_compared": self.keys,
-            "not_rederived": self.not_rederived,
-            "problems": self.problems,
-        }
+    def extra(self) -> dict[str, Any]:
+        return {"keys_compared": self.keys, "not_rederived": self.not_rederived}
 
 
 def _recipe(reader: gguf.GGUFReader, path: Path) -> dict[str, Any]:

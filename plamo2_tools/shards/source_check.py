@@ -18,13 +18,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import safetensors
 import torch
 
+from ..check_report import SourceComparison
 from ..dtypes import BFLOAT16, FLOAT16, FLOAT32, FLOAT64, DType, as_dtype
 from ..errors import CheckpointError, UserError, os_error
 from ..jsonio import CONFIG_BYTES, read_object
@@ -38,28 +38,8 @@ from .manifest import Manifest, config_sha256, load_manifest
 _SOURCE_DTYPES = {d.code: d for d in (FLOAT64, FLOAT32, FLOAT16, BFLOAT16)}
 
 
-@dataclass
-class SourceCheckReport:
-    path: Path
-    source: Path
-    tensors: int = 0  # compared
-    problems: list[str] = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        return not self.problems
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "kind": SOURCE_CHECK_KIND,
-            "schema_version": SOURCE_CHECK_SCHEMA_VERSION,
-            "path": str(self.path),
-            "source": str(self.source),
-            "ok": self.ok,
-            "tensors_compared": self.tensors,
-            "first_problem": self.problems[0] if self.problems else None,
-            "problems": self.problems,
-        }
+class SourceCheckReport(SourceComparison):
+    KIND, SCHEMA_VERSION = SOURCE_CHECK_KIND, SOURCE_CHECK_SCHEMA_VERSION
 
 
 def source_files(src: Path) -> dict[str, Path]:
