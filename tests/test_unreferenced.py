@@ -29,7 +29,6 @@ ALLOWED = {
     "plamo2_tools.model.mlx.Difference.from_position",  # set positionally, read by vars() into the export record
     # the warm-up of every prefill specialization; tests/serve/test_warm_shapes.py proves its claim, the
     # server does not call it until its start-up cost is measured on a GPU (docs/serve.md, "Compiles after warm-up")
-    "plamo2_tools.runtime.batching.warm.warm_prefill",
     "plamo2_tools.serve.protocol.ModelCard.owned_by",  # a field of OpenAI's /v1/models, serialised by pydantic
     "plamo2_tools.serve.server._GracefulServer.capture_signals",  # overrides uvicorn.Server's
     "plamo2_tools.runtime.batching.scheduler.ChunkStop",  # the Protocol that documents `first_hit` (read by getattr)

@@ -27,7 +27,7 @@ def warmup(
         int | None, typer.Option(help="Largest prefill forward to warm (default: the runtime's prefill budget).")
     ] = None,
     max_seconds: Annotated[
-        float | None, typer.Option(help="Start no prefill bucket after this many seconds (the likeliest come first).")
+        float | None, typer.Option(help="Start no prefill shape after this many seconds (the likeliest come first).")
     ] = None,
     modes: Annotated[str, typer.Option(help="Sampling modes to warm, comma-separated: greedy, sample, top_p.")] = (
         "greedy"
@@ -79,7 +79,7 @@ def warmup(
     before, after = result.triton_kernels_before, result.triton_kernels_after
     compiled = f"{after - before} kernels compiled" if before is not None and after is not None else "no Triton cache"
     out.print(
-        f"warmed {len(plan.prefill)} prefill buckets and {_decode_steps(plan.slots)} decode batch sizes "
+        f"warmed {len(plan.prefill)} prefill shapes and {_decode_steps(plan.slots)} decode batch sizes "
         f"({plan.slots} slots of {plan.capacity} tokens) in {sum(result.seconds.values()):.1f} s; {compiled} "
         f"(Triton cache {result.triton_cache}, tuning cache {result.tune_cache})",
         highlight=False,

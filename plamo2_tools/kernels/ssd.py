@@ -409,7 +409,7 @@ def _state_tiles(device: torch.device, P: int, N: int, programs: int) -> tuple[i
     if device.type != "cuda":
         return bp, bn
     # By the programs' power-of-two bucket (as BLOCK_S is), so the tiles, which are constexprs, change
-    # only where a warm-up of every bucket has compiled them (runtime/batching/warm.py).
+    # only where a warm-up of every bucket has compiled them (runtime/batching/warmup.py).
     programs = triton.next_power_of_2(programs)
     # ~1.5 programs per SM: the pass is a chain of T / BLOCK_Q dependent steps, so one wave of
     # resident programs (2-3 fit per SM at ~170 registers) matters more than more, smaller tiles.

@@ -1,9 +1,11 @@
-"""`plamo2-tools warmup SHARDS` (issue 33): it runs a prefill at every (tokens, sequences) bucket of
-the plan and decode at every batch bucket of the pool, reports it, and refuses bad input with one
-line before loading anything.  (What it fills, Triton's and our tuning caches, needs a GPU: the GPU
-script runs it there and reports the kernels compiled.)
+"""`plamo2-tools warmup SHARDS` (issue 33): it runs a prefill of every (tokens, sequences) shape of
+the plan (`prefill_shapes`, whose completeness tests/serve/test_warm_shapes.py proves) and decode at
+every batch bucket of the pool, reports it, and refuses bad input with one line before loading
+anything.  (What it fills, Triton's and our tuning caches, needs a GPU: the GPU script runs it there
+and reports the kernels compiled.)
 
-Seen failing: with `prefill_buckets` stopping one doubling early, the (64, *) buckets are not run.
+Seen failing: with the plan built from the budget halved (the (32..63, *) shapes are not run), with
+a prefill's tokens rounded down to a multiple of its sequences (a shape's integer class lost).
 """
 
 from __future__ import annotations
@@ -17,11 +19,11 @@ from plamo2_tools.runtime.batching import warmup
 from plamo2_tools.runtime.batching.engine import Runtime
 
 
-def test_prefill_buckets_by_the_rule() -> None:
-    """Powers of two of tokens from 16, of sequences from 1, at least 16 tokens per sequence."""
-    assert warmup.prefill_buckets(64, 4) == [(16, 1), (32, 1), (32, 2), (64, 1), (64, 2), (64, 4)]
-    assert warmup.prefill_buckets(100, 1) == [(16, 1), (32, 1), (64, 1)]
-    assert warmup.prefill_buckets(8, 8) == [(16, 1)]
+def test_the_plan_is_every_shape_of_the_budget() -> None:
+    """Every token count up to the budget in its (bucket, class), sequences up to the pool."""
+    assert warmup.prefill_shapes(64, 4)[-3:] == [(63, 1), (63, 2), (63, 4)]
+    assert {t for t, _ in warmup.prefill_shapes(64, 4)} == {1, 2, 4, 8, 15, 16, 31, 32, 48, 63}
+    assert max(s for _, s in warmup.prefill_shapes(100, 1)) == 1
 
 
 def test_warmup_runs_the_plan(cli, shards, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -46,16 +48,20 @@ def test_warmup_runs_the_plan(cli, shards, monkeypatch: pytest.MonkeyPatch) -> N
     )
     result = json.loads(r.stdout)
     plan = [tuple(b) for b in result["plan"]["prefill"]]
-    assert plan == warmup.prefill_buckets(64, 4) and result["plan"]["slots"] == 4
+    assert plan == warmup.prefill_shapes(64, 4) and result["plan"]["slots"] == 4
     prefill = [(n, tokens) for n, tokens, new in calls if new == 1]
-    assert prefill == [(s, (t // s) * s) for t, s in warmup.prefill_order(tuple(plan))]  # one forward per bucket
+    assert prefill == [(s, t) for t, s in warmup.prefill_order(tuple(plan))]  # one forward per shape, T exact
     assert sorted(n for n, _, new in calls if new == 3) == [1, 2, 4]  # decode at every batch bucket
     assert set(result["seconds"]) == {"prefill", "decode"} and result["left_out"] == []
 
 
 def test_the_likeliest_buckets_first_and_none_past_the_deadline(cli, shards) -> None:
-    plan = warmup.prefill_buckets(64, 4)
-    assert warmup.prefill_order(tuple(plan)) == [(16, 1), (32, 1), (64, 1), (64, 4), (64, 2), (32, 2)]
+    plan = warmup.prefill_shapes(64, 4)
+    order = warmup.prefill_order(tuple(plan))
+    singles = [t for t, s in plan if s == 1]
+    assert order[: len(singles)] == [(t, 1) for t in singles]  # a generate's shapes first, shortest first
+    assert order[len(singles) : len(singles) + 3] == [(63, 4), (63, 2), (48, 4)]  # then the largest forwards
+    assert sorted(order) == sorted(plan)
     r = cli(
         "warmup",
         shards("tiny", 1, 1, seed=11),

@@ -1,5 +1,5 @@
 """A warm process meets no kernel specialization it has not prepared for (issue 32 §3): after
-`warm.warm_prefill`, prefills of prompt lengths and batch compositions never run before launch
+`warmup.warm`'s prefill shapes, prefills of prompt lengths and batch compositions never run before launch
 nothing new, counted by `compile_watch` at every launch of our Triton kernels, on the CPU under
 Triton's interpreter (what Triton compiles is a function of what the watch keys on, so a key never
 seen is a compile waiting to happen on a GPU).
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from plamo2_tools.runtime.batching.warm import prefill_shapes, representatives
+from plamo2_tools.runtime.batching.warmup import prefill_shapes, representatives
 
 MAX_TOKENS, MAX_SEQS = 16, 3
 
@@ -30,7 +30,7 @@ CHILD = """
 import json, random, sys
 from plamo2_tools.kernels import compile_watch
 from plamo2_tools.runtime.batching.engine import Runtime
-from plamo2_tools.runtime.batching.warm import prefill_shapes, prompts_of
+from plamo2_tools.runtime.batching.warmup import prefill_shapes, prompts_of
 
 shards, max_tokens, max_seqs, probes = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), json.loads(sys.argv[4])
 out = {}
