@@ -33,8 +33,6 @@ _HOMES = {
     "export": ".api",
     "Score": ".api",
     "Runtime": ".runtime.batching.engine",
-    # Not here yet: `verify` of any deployment (deploy.verify.verify_targets); `verify` above judges
-    # shard directories.
 }
 __all__ = ["__version__", *_HOMES]
 

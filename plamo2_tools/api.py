@@ -8,7 +8,8 @@ stays free of PyTorch like the commands that only move bytes.
     score(rt, context, continuation)     -> Score: log p(continuation | context), greedy or not
     convert(src, out, tp=, pp=, ...)     -> ConvertResult (convert/engine.py)
     check(shards)                        -> CheckReport (shards/check.py)
-    verify(shards, reference, ...)       -> the verify result (verify.py; `plamo2-tools verify --json`)
+    verify(targets, reference, ...)      -> the verify result (deploy/verify.py; `plamo2-tools verify --json`)
+    export(src, out, format, ...)        -> the export's result (export/)
     eval(shards, gsm8k_dir=, ...)        -> EvalOutcome (eval/harness.py)
 
 `options` everywhere is the model family's runtime options (`--option KEY=VALUE` of the
@@ -158,7 +159,7 @@ def export(src: str | Path, out: str | Path, format: str, **kwargs: Any) -> Any:
 
 
 def verify(
-    shards: str | Path | Sequence[str | Path],
+    targets: str | Path | Sequence[str | Path],
     reference: str | Path,
     prompts: Sequence[Sequence[int]] | None = None,
     random: int = 4,
@@ -167,28 +168,26 @@ def verify(
     options: Mapping[str, str] | None = None,
     **kwargs: Any,
 ) -> dict[str, Any]:
-    """Converted shards (one directory or several layouts) run against the float reference forward
-    of the checkpoint they came from: logits and greedy tokens, `["passed"]` per the thresholds of
-    docs/convert.md.  Without `prompts`, `random` random prompts from `seed`.  `kwargs`: launch,
-    device, backend, precision, prefill_chunk, reference_device, verify_files."""
-    from .model import load_config
-    from .verify import random_prompts
-    from .verify import verify as run
+    """Deployments judged against the float reference forward of the checkpoint they came from, as
+    `plamo2-tools verify TARGET...` judges them (the same call, `deploy/verify.py:verify_deployments`):
+    shard directories, http(s) URLs of OpenAI-compatible servers, .gguf files, MLX or FP8
+    directories.  The result is that command's JSON, `["passed"]` true when every target follows
+    the reference (docs/deploy.md).  Without `prompts`, `random` random prompts from `seed`;
+    `options` pins the family's runtime options (PLaMo 3: `{"window_convention": "vllm"}`), else
+    every convention is tried.  `kwargs`: precision, reference_device, target_precision, gsm8k_like,
+    and the targets' own: device, backend, launch, prefill_chunk, verify_files, api_key, timeout,
+    model, top_k."""
+    from .deploy.verify import verify_deployments
 
-    dirs = [Path(shards)] if isinstance(shards, (str, Path)) else [Path(s) for s in shards]
-    if prompts is None:
-        cfg = load_config(reference)
-        prompts = random_prompts(random, cfg.vocab_size, seed, cfg.bos_token_id)
-        source = f"random(n={random}, seed={seed})"
-    else:
-        prompts, source = [list(p) for p in prompts], "api"
-    return run(
-        dirs,
+    specs = [targets] if isinstance(targets, (str, Path)) else list(targets)
+    return verify_deployments(
+        [str(t) for t in specs],
         Path(reference),
-        list(prompts),
-        source,
-        max_new_tokens,  # type: ignore[arg-type]
-        forward_options=dict(options or {}),
+        prompts,
+        random=random,
+        seed=seed,
+        max_new_tokens=max_new_tokens,
+        pinned=dict(options or {}),
         **kwargs,
     )
 

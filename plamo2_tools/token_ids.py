@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 from .errors import UserError
 
@@ -20,3 +21,13 @@ def check_token_ids(seqs: Iterable[Sequence[int]], vocab_size: int, what: str = 
     if bad:
         where = f"{what}: " if what else ""
         raise UserError(f"{where}token id(s) {bad[:5]} outside the vocabulary [0, {vocab_size})")
+
+
+def check_tokens(ids: list[int], cfg: Any, new_tokens: int, what: str) -> None:
+    """Token ids inside the vocabulary, and the sequence (with the tokens to generate) inside the
+    model's positions."""
+    check_token_ids([ids], cfg.vocab_size, what)
+    limit = cfg.max_position_embeddings
+    if len(ids) + new_tokens > limit:
+        extra = f" + {new_tokens} new tokens" if new_tokens else ""
+        raise UserError(f"{what}: {len(ids)} tokens{extra} exceed the model's limit of {limit} positions")

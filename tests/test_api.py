@@ -92,8 +92,10 @@ def test_verify_takes_prompts_and_options(checkpoint: Any, shards: Any) -> None:
         options={"window_convention": "vllm"},
         backend="torch",
     )
-    assert result["passed"] and result["forward_options"] == {"window_convention": "vllm"}
+    assert result["passed"] and result["pinned"] == {"window_convention": "vllm"}
+    assert result["conventions"] == ["window_convention=vllm"]  # pinned: no other convention tried
     assert result["prompts"] == {"count": 1, "lengths": [4], "source": "api"}
+    assert [t["kind"] for t in result["targets"]] == ["shards"]
 
 
 def test_the_functions_keep_their_names_after_their_modules_load() -> None:
@@ -131,3 +133,32 @@ def test_export_writes_each_format(checkpoint: Any, tmp_path: Path, fmt: str) ->
         assert result.quantized > 0 and (tmp_path / "fp8" / "config.json").is_file()
     with pytest.raises(UserError, match="one of gguf, mlx, fp8"):
         export(src, tmp_path / "x", "onnx")
+
+
+def test_verify_judges_any_deployment_as_the_command_does(
+    cli: Any, checkpoint: Any, shards: Any, tmp_path: Path
+) -> None:
+    """`verify` of the face takes what `plamo2-tools verify` takes (here shards and an FP8 export in one
+    call, their kinds detected from the specs) and gives the command's JSON: the same judgement, number for
+    number; a spec that is no deployment is one refusal before any model work."""
+    import json
+
+    from plamo2_tools import export, verify
+    from plamo2_tools.errors import UserError
+
+    src = checkpoint("tiny3", seed=9, dtype="bfloat16")
+    fp8 = tmp_path / "fp8"
+    export(src, fp8, "fp8", verify=False)
+    targets = [shards("tiny3", 1, 1, seed=9, source_dtype="bfloat16"), fp8]
+    result = verify(targets, src, random=2, max_new_tokens=2, backend="torch")
+    assert [t["kind"] for t in result["targets"]] == ["shards", "fp8"]
+    assert result["prompts"]["source"] == "random(n=2, seed=0)"
+    command = json.loads(
+        cli(
+            "verify", *targets, "--reference", src, "--random", 2, "--max-new-tokens", 2, "--backend", "torch", "--json"
+        ).stdout
+    )
+    assert [t["conventions"] for t in command["targets"]] == [t["conventions"] for t in result["targets"]]
+    assert command["passed"] == result["passed"]
+    with pytest.raises(UserError):
+        verify(tmp_path / "no-such-thing", src)

@@ -207,11 +207,12 @@ def test_deploy_judges_from_above_the_runtime() -> None:
     """deploy/ (`verify TARGET`) stands on the reference forward (model), the runtime, the shard
     format, verify's prompt helpers and the foundation; it speaks HTTP to servers itself, so it never
     imports serve/ (our server is a target like any other), eval, convert or the cli.  Only the
-    commands, export (which verifies what it writes) and the report (for the result kind) import it."""
+    commands, the public face (whose `verify` is the command's call), export (which verifies what it
+    writes) and the report (for the result kind) import it."""
     allowed = FOUNDATION | {"model", "runtime", "shards", "verify", "tokenizer"}
     assert GRAPH["deploy"] <= allowed, GRAPH["deploy"] - allowed
     users = {m for m, deps in FILES.items() if any(_unit(d) == "deploy" for d in deps)}
-    assert {_unit(m) for m in users} <= {"deploy", "cli", "export", "report"}, users
+    assert {_unit(m) for m in users} <= {"deploy", "cli", "api", "export", "report"}, users
 
 
 def test_the_public_face_stands_above_everything() -> None:

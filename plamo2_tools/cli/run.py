@@ -16,13 +16,13 @@ from rich.table import Table
 from .. import timeline
 from ..errors import CheckFailed, UserError
 from ..serve import API_KEY_ENV  # the package's __init__ imports nothing heavy
+from ..token_ids import check_tokens
 from .console import RequestProgress, err, out, print_json, step_progress
 from .options import Backend, CudaGraph, Device, ForwardOption, Json, Launch, NoVerify, TrustRemoteCode
 from .validators import (
     check_output_file,
     check_runtime_options,
     check_sampling,
-    check_tokens,
     forward_options,
     int_list,
     is_shard_dir,
@@ -189,85 +189,52 @@ def verify(
     top-1, log-prob of each token and the first divergent position, teacher-forced and along each
     target's own greedy continuation (docs/deploy.md).  PLaMo 3 targets are compared under each window
     convention unless --option window_convention=... pins one.  Exit 1 when a target diverges, naming where."""
-    from ..deploy.compare import PRECISIONS
-    from ..deploy.reference import Reference
-    from ..deploy.target import detect_kind
-    from ..deploy.verify import failure_line, open_targets, reference_tokenizer, verify_targets, verify_work
+    from ..deploy.verify import failure_line, verify_deployments
     from ..kernels.devices import check_device
 
     check_runtime_options(device, backend)
     check_device(reference_device, "--reference-device")
-    if max_new_tokens < 1 or random < 1:
-        raise UserError("--max-new-tokens and --random must be >= 1")
-    if target_precision not in ("auto", *PRECISIONS):
-        raise UserError(f"--target-precision {target_precision!r}: one of auto, {', '.join(PRECISIONS)}")
     if api_key is not None and not api_key.strip():
         raise UserError(f"--api-key (or {API_KEY_ENV}) is empty")
-    if prompts is not None and gsm8k_like:
-        raise UserError("--prompts and --gsm8k-like: give one")
     if output is not None:
         check_output_file(output, "--output")
-    kinds = [detect_kind(t) for t in targets]
-    ref = Reference(reference, precision, reference_device)
-    prompt_ids, source = _verify_prompts(ref, prompts, gsm8k_like, random, seed)
-    for i, ids in enumerate(prompt_ids):
-        check_tokens(ids, ref.config, max_new_tokens, f"prompt {i + 1}")
-    tokenizer = reference_tokenizer(reference)
-    pinned = forward_options(option)
-    options = {
-        "device": device,
-        "backend": backend,
-        "launch": launch,
-        "prefill_chunk": prefill_chunk,
-        "forward_options": pinned,
-        "verify_files": not no_verify,
-        "api_key": api_key,
-        "timeout": timeout,
-        "model": server_model,
-        "top_k": top_k,
-        "on_note": None if as_json else _note,
-    }
-    # Opened before the reference runs: a server that is down or a damaged shard is one line now.
-    opened = open_targets(list(zip(kinds, targets, strict=True)), ref, tokenizer, **options)
-    try:
-        work = verify_work(len(opened), max_new_tokens, len(ref.conventions(pinned)))
-        with step_progress("verify", work, enabled=not as_json) as progress:
-            result = verify_targets(
-                opened, ref, prompt_ids, source, max_new_tokens, pinned, target_precision, tokenizer, progress
-            )
-    finally:
-        for t in opened:
-            t.close()
+    result = verify_deployments(
+        targets,
+        reference,
+        prompts,
+        gsm8k_like=gsm8k_like,
+        random=random,
+        seed=seed,
+        max_new_tokens=max_new_tokens,
+        precision=precision,
+        reference_device=reference_device,
+        pinned=forward_options(option),
+        target_precision=target_precision,
+        progress=lambda work: step_progress("verify", work, enabled=not as_json),
+        device=device,
+        backend=backend,
+        launch=launch,
+        prefill_chunk=prefill_chunk,
+        verify_files=not no_verify,
+        api_key=api_key,
+        timeout=timeout,
+        model=server_model,
+        top_k=top_k,
+        on_note=None if as_json else _note,
+    )
     if output is not None:
         output.write_text(json.dumps(result, indent=2) + "\n")
     if as_json:
         print_json(result)
     else:
-        print_targets(result, f"verify vs {reference} ({precision}, {len(prompt_ids)} prompts, {max_new_tokens} steps)")
+        n = result["prompts"]["count"]
+        print_targets(result, f"verify vs {reference} ({precision}, {n} prompts, {max_new_tokens} steps)")
     if not result["passed"]:
         raise CheckFailed(failure_line(result))
 
 
 def _note(line: str) -> None:
     err.print(f"note: {line}", highlight=False, markup=False)
-
-
-def _verify_prompts(
-    ref: Any, prompts: Path | None, gsm8k_like: bool, random: int, seed: int
-) -> tuple[list[list[int]], str]:
-    """The prompts of `verify` (token ids) and how the result names where they came from."""
-    from ..verify import prompts_from_file, random_prompts
-
-    if prompts is not None:
-        return prompts_from_file(prompts, ref.path), str(prompts)
-    if gsm8k_like:
-        from ..deploy.prompts import GSM8K_LIKE
-        from ..runtime.batching.engine import load_tokenizer
-
-        tok = load_tokenizer(ref.path)
-        return [list(tok(p)["input_ids"]) for p in GSM8K_LIKE], "gsm8k-like (built in)"
-    cfg = ref.config
-    return random_prompts(random, cfg.vocab_size, seed, cfg.bos_token_id), f"random(n={random}, seed={seed})"
 
 
 def print_targets(result: dict[str, Any], title: str) -> None:

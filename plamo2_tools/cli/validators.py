@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import EnvironmentLimitError, UserError
-from ..token_ids import check_token_ids
 
 
 def require(*modules: str) -> None:
@@ -50,16 +49,6 @@ def check_output_dir(path: Path, option: str) -> None:
             if not os.access(p, os.W_OK):
                 raise EnvironmentLimitError(f"{option} {path}: cannot write in {p} (permission denied or read-only)")
             return
-
-
-def check_tokens(ids: list[int], cfg: Any, new_tokens: int, what: str) -> None:
-    """Token ids inside the vocabulary, and the sequence (with the tokens to generate) inside the
-    model's positions."""
-    check_token_ids([ids], cfg.vocab_size, what)
-    limit = cfg.max_position_embeddings
-    if len(ids) + new_tokens > limit:
-        extra = f" + {new_tokens} new tokens" if new_tokens else ""
-        raise UserError(f"{what}: {len(ids)} tokens{extra} exceed the model's limit of {limit} positions")
 
 
 def check_sampling(temperature: float, top_p: float, max_new_tokens: int) -> None:

@@ -12,12 +12,25 @@ it passes under none.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from ..errors import UserError
 from ..kinds import VERIFY_TARGETS_KIND, VERIFY_TARGETS_SCHEMA_VERSION
-from .compare import KL_FULL, KL_TOPK, THRESHOLDS, Thresholds, jsonable, judge, per_position, score_positions
+from .compare import (
+    KL_FULL,
+    KL_TOPK,
+    PRECISIONS,
+    THRESHOLDS,
+    Thresholds,
+    jsonable,
+    judge,
+    per_position,
+    score_positions,
+)
 from .prompts import PARITY_TEXT
 from .reference import Options, Reference, convention_label
 from .target import Continuation, Scores, Target
@@ -185,6 +198,93 @@ def open_targets(
             t.close()
         raise
     return opened
+
+
+ProgressBar = Callable[[int], AbstractContextManager[Callable[[int], None] | None]]
+
+
+def verify_prompts(
+    ref: Reference,
+    prompts: Sequence[Sequence[int]] | Path | None = None,
+    gsm8k_like: bool = False,
+    random: int = 4,
+    seed: int = 0,
+) -> tuple[list[list[int]], str]:
+    """The prompts (token ids) and how the result names where they came from: given ids ("api"), a
+    prompts file (text lines or JSON lines with input_ids/text), the built-in GSM8K-like questions,
+    or `random` random token prompts from `seed`."""
+    from ..verify import prompts_from_file, random_prompts
+
+    if isinstance(prompts, Path):
+        return prompts_from_file(prompts, ref.path), str(prompts)
+    if prompts is not None:
+        return [list(map(int, p)) for p in prompts], "api"
+    if gsm8k_like:
+        from ..runtime.batching.engine import load_tokenizer
+        from .prompts import GSM8K_LIKE
+
+        tok = load_tokenizer(ref.path)
+        return [list(tok(p)["input_ids"]) for p in GSM8K_LIKE], "gsm8k-like (built in)"
+    cfg = ref.config
+    return random_prompts(random, cfg.vocab_size, seed, cfg.bos_token_id), f"random(n={random}, seed={seed})"
+
+
+def verify_deployments(
+    targets: Sequence[str],
+    reference: Path,
+    prompts: Sequence[Sequence[int]] | Path | None = None,
+    *,
+    gsm8k_like: bool = False,
+    random: int = 4,
+    seed: int = 0,
+    max_new_tokens: int = 32,
+    precision: str = "float64",
+    reference_device: str = "cpu",
+    pinned: Options | None = None,
+    target_precision: str = "auto",
+    progress: ProgressBar | None = None,
+    **target_options: Any,
+) -> dict[str, Any]:
+    """`plamo2-tools verify TARGET... --reference SRC` as a call (the command and the public face's
+    `verify` both run this): each target's kind from its spec (`target.detect_kind`: shard
+    directory, http(s) URL, .gguf, MLX or FP8 directory), refused in one line before any model work;
+    the reference opened; the prompts checked against its vocabulary and positions; every target
+    opened before the reference runs (a server that is down is one line now, not after the reference
+    forward), judged by `verify_targets` and closed.  `target_options` go to the targets' adapters
+    (device, backend, launch, prefill_chunk, forward_options, verify_files, api_key, timeout, model,
+    top_k, on_note); `progress(total)` makes the bar `verify_targets` ticks."""
+    from ..token_ids import check_tokens
+    from .target import detect_kind
+
+    if max_new_tokens < 1 or random < 1:
+        raise UserError("--max-new-tokens and --random must be >= 1")
+    if target_precision not in ("auto", *PRECISIONS):
+        raise UserError(f"--target-precision {target_precision!r}: one of auto, {', '.join(PRECISIONS)}")
+    if isinstance(prompts, Path) and gsm8k_like:
+        raise UserError("--prompts and --gsm8k-like: give one")
+    kinds = [detect_kind(str(t)) for t in targets]
+    ref = Reference(Path(reference), precision, reference_device)
+    prompt_ids, source = verify_prompts(ref, prompts, gsm8k_like, random, seed)
+    for i, ids in enumerate(prompt_ids):
+        check_tokens(ids, ref.config, max_new_tokens, f"prompt {i + 1}")
+    tokenizer = reference_tokenizer(ref.path)
+    pinned = dict(pinned or {})
+    options = {"forward_options": pinned, **target_options}
+    # Opened before the reference runs: a server that is down or a damaged shard is one line now.
+    opened = open_targets(list(zip(kinds, map(str, targets), strict=True)), ref, tokenizer, **options)
+    try:
+        work = verify_work(len(opened), max_new_tokens, len(ref.conventions(pinned)))
+        with (progress or _no_bar)(work) as tick:
+            return verify_targets(
+                opened, ref, prompt_ids, source, max_new_tokens, pinned, target_precision, tokenizer, tick
+            )
+    finally:
+        for t in opened:
+            t.close()
+
+
+def _no_bar(total: int) -> AbstractContextManager[None]:
+    return nullcontext()
 
 
 def verify_targets(
