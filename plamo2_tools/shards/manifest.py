@@ -15,14 +15,11 @@ import threading
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..dtypes import DType, dtype_name, parse_dtype
 from ..errors import CheckpointError
 from ..jsonio import CONFIG_BYTES, MANIFEST_BYTES, read_object
-from ..model import family_of, hf_tensor_shapes, load_config
-from ..model.family import Family
-from ..model.layout import OutputTensor, Piece, parse_transform
 from ..parallel import Mapping
 from ..safe_files import plain_name, read_regular
 from ..safetensors_io import atomic_write_text
@@ -30,6 +27,14 @@ from ..version import __version__
 from .formats import FORMAT, HASH, WRITTEN, ShardFormat, format_of
 from .journal import JOURNAL_NAME
 from .lock import ensure_not_being_written
+
+if TYPE_CHECKING:
+    from ..model.family import Family
+    from ..model.layout import OutputTensor, Piece
+
+# The model package (families, tensor tables, layout) is imported where a manifest is read or
+# written, not with this module: a command refusing a directory that holds no manifest, which
+# imports this for the names above, stays as fast as one that only moves bytes (issue 33).
 
 MANIFEST_NAME = "plamo2_shards.json"
 FORMAT_VERSION = WRITTEN.version  # what convert writes
@@ -137,6 +142,8 @@ class Manifest:
 
     @property
     def family(self) -> Family:
+        from ..model import family_of
+
         return family_of(self.config)
 
     def file_digest(self, name: str) -> str:
@@ -205,6 +212,8 @@ def build_manifest(
     ({name: {dtype, shape}}); `files`: (name, rank, part, {size, digest}); `tensors`: (rank, file,
     tensor, digest); `copied`: {side file: {size, digest}}.  Every `digest` is in the algorithm
     HASH, named in the manifest."""
+    from ..model import family_of
+
     records: dict[str, dict[str, Any]] = {}
     for rank, file, t, digest in tensors:
         records.setdefault(str(rank), {})[t.key] = tensor_record(t, file, digest)
@@ -301,6 +310,9 @@ def _parse_manifest(directory: Path, path: Path) -> Manifest:
 
 
 def _typed(directory: Path, raw: dict[str, Any], fmt: ShardFormat) -> Manifest:
+    from ..model import load_config
+    from ..model.layout import OutputTensor, parse_transform
+
     algorithm = fmt.hash_of(raw)
     config = load_config(directory / "config.json")
     m = raw["mapping"]
@@ -409,6 +421,8 @@ def _source_tensors(raw: dict[str, Any], config: Any) -> dict[str, SourceTensorR
     """The HF inventory the shards were cut from: exactly the names the config has (merge and
     resharding look each one up).  Shapes are typed here and compared with the config by `check`
     (a changed config.json is its finding, not a refusal to read)."""
+    from ..model import hf_tensor_shapes
+
     out = {name: SourceTensorRecord(parse_dtype(rec["dtype"]), _shape(rec["shape"])) for name, rec in raw.items()}
     expected = set(hf_tensor_shapes(config))
     if set(out) != expected:
@@ -445,6 +459,8 @@ def _shape(value: Any) -> tuple[int, ...]:
 
 def _piece(value: Any) -> Piece:
     """[source | null, dim, start, length]: typed before any slicing uses it."""
+    from ..model.layout import Piece
+
     source, dim, start, length = _list(value)
     if not (source is None or isinstance(source, str)) or dim not in (0, 1) or isinstance(dim, bool):
         raise ValueError(f"piece {value!r}")
