@@ -164,7 +164,7 @@ def check(
     tensor against the source checkpoint.  A .gguf file or an `export mlx` / `export fp8` directory (with
     --source): every tensor re-derived from the checkpoint, quantized ones by quantizing again, and every
     key or the config.  Exit 1 on a problem."""
-    from ..export.check import export_format
+    from ..export.side import export_format
 
     if path.suffix.lower() == ".gguf":
         return _check_gguf(path, source, as_json)
@@ -215,10 +215,11 @@ def _check_gguf(path: Path, source: Path | None, as_json: bool) -> None:
 
 
 def _check_structure(path: Path, as_json: bool) -> Any:
-    from ..shards.check import check_shards
     from ..shards.manifest import load_manifest
 
-    total = sum(f.size for f in load_manifest(path).files.values())
+    total = sum(f.size for f in load_manifest(path).files.values())  # a directory with none: refused here
+    from ..shards.check import check_shards  # numpy, the model's tables: after that refusal
+
     with byte_progress(f"check {path}", total, enabled=not as_json) as progress:
         report = check_shards(path, progress=progress)
     if not as_json:

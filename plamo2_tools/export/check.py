@@ -29,12 +29,10 @@ from ..convert.sources import Source, open_source
 from ..dtypes import DType, float_dtype
 from ..errors import CheckpointError, UserError
 from ..jsonio import CONFIG_BYTES, read_object
-from ..kinds import CHECK_EXPORT_KIND, CHECK_EXPORT_SCHEMA_VERSION, EXPORT_FP8_KIND, EXPORT_MLX_KIND
+from ..kinds import CHECK_EXPORT_KIND, CHECK_EXPORT_SCHEMA_VERSION
 from ..numerics import to_float32
 from ..safetensors_io import read_array, read_header, tensor_bytes
-
-SIDE_JSON = "plamo2_export.json"  # export/mlx.py FIGURES_NAME, export/fp8.py SIDE_JSON: one name
-FORMATS = {EXPORT_MLX_KIND: "mlx", EXPORT_FP8_KIND: "fp8"}
+from .side import SIDE_JSON, export_format
 
 
 @dataclass
@@ -45,15 +43,6 @@ class ExportCheckReport(SourceComparison):
 
     def extra(self) -> dict[str, Any]:
         return {"format": self.format, "independent": self.independent}
-
-
-def export_format(path: Path) -> str | None:
-    """ "mlx" or "fp8" when `path` is a directory one of our exports wrote (its side JSON says which), else None."""
-    side = path / SIDE_JSON
-    if not path.is_dir() or not side.is_file():
-        return None
-    kind = read_object(side, CONFIG_BYTES, "an export record").get("kind")
-    return FORMATS.get(kind) if isinstance(kind, str) else None
 
 
 class ExportFiles:

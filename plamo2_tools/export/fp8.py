@@ -67,9 +67,9 @@ from .fp8_format import (
     quantization_config,
     quantize_rows,
 )
+from .side import SIDE_JSON  # the export's record and its measured verification figures
 
 EXPORT_KIND, EXPORT_SCHEMA_VERSION = EXPORT_FP8_KIND, EXPORT_FP8_SCHEMA_VERSION  # kinds.py
-SIDE_JSON = "plamo2_export.json"  # the export's record and its measured verification figures
 LAST = "config.json"  # without it the directory is no checkpoint: written last, it marks completion
 DEFAULT_MAX_PART_SIZE = 5 * 2**30
 

@@ -43,11 +43,11 @@ from ..safe_files import copy_file
 from ..safetensors_io import PartialFile, atomic_write_text, plan_file, tensor_bytes
 from ..shards.lock import OutputLock, ensure_not_being_written
 from .mlx_quant import check_params, quantize, quantized_shapes
+from .side import SIDE_JSON
 
 COMMAND = "export mlx"
 CONFIG_NAME = "config.json"  # written last: mlx-lm cannot load a directory without it
 INDEX_NAME = "model.safetensors.index.json"
-FIGURES_NAME = "plamo2_export.json"  # what was exported and how it verified (side JSON)
 EXPORT_KIND, EXPORT_SCHEMA_VERSION = EXPORT_MLX_KIND, EXPORT_MLX_SCHEMA_VERSION  # kinds.py
 MAX_PART_BYTES = 5 << 30  # mlx-lm's own shard size (utils.MAX_FILE_SIZE_GB)
 CHUNK_BYTES = 8 << 20  # source rows per job: memory is a few of these per thread
@@ -288,7 +288,7 @@ def write_file(
 
 
 def side_copies(side_files: Iterable[Path]) -> list[Path]:
-    return [p for p in side_files if p.name not in NOT_COPIED and p.name != FIGURES_NAME]
+    return [p for p in side_files if p.name not in NOT_COPIED and p.name != SIDE_JSON]
 
 
 def output_path_problems(source_path: Path, out: Path) -> list[str]:
@@ -317,7 +317,7 @@ def export_mlx(
     progress: Callable[[int], None] | None = None,
 ) -> dict[str, Any]:
     """Write OUT; then, when `verify` is given, run it on the finished directory and the plan (its
-    figures go into FIGURES_NAME and the result).  Returns the export's record (kind EXPORT_KIND)."""
+    figures go into SIDE_JSON and the result).  Returns the export's record (kind EXPORT_KIND)."""
     out = Path(out)
     recipe.check()
     problems = output_path_problems(source.path, out)
@@ -328,7 +328,7 @@ def export_mlx(
     groups = split_parts(planned, max_part)
     weights = file_names(len(groups))
     sides = side_copies(side_files)
-    writes = [*weights, *([INDEX_NAME] if len(groups) > 1 else []), *(p.name for p in sides), CONFIG_NAME, FIGURES_NAME]
+    writes = [*weights, *([INDEX_NAME] if len(groups) > 1 else []), *(p.name for p in sides), CONFIG_NAME, SIDE_JSON]
     make_output_dir(out)
     lock = OutputLock(out, COMMAND)
     config_written = finished = False
@@ -354,7 +354,7 @@ def export_mlx(
         record = export_record(source, out, recipe, planned, quant, weights)
         if verify is not None:
             record["verification"] = verify(out, planned)
-        atomic_write_text(out / FIGURES_NAME, json.dumps(record, indent=2) + "\n")
+        atomic_write_text(out / SIDE_JSON, json.dumps(record, indent=2) + "\n")
         write_record(out, COMMAND, str(source.path), writes, "complete")
         finished = True
         return record

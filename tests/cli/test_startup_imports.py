@@ -141,10 +141,12 @@ def test_the_run_commands_refuse_without_numpy(shards, tmp_path: Path) -> None:
 
 def test_a_directory_without_a_manifest_is_refused_without_the_model_package(tmp_path: Path) -> None:
     """The manifest reader imports the model package (families, tensor tables, layout: ~40 ms) when it
-    reads a manifest, not when it finds none.  Seen failing with shards/manifest.py importing
-    `..model` at its top (as it did): every case lists plamo2_tools.model."""
+    reads a manifest, not when it finds none; `check` recognises an export by its record alone and
+    imports the checkers (numpy) after the manifest is read.  Seen failing with shards/manifest.py
+    importing `..model` at its top (as it did): every case lists plamo2_tools.model; with `check`
+    importing export/check.py or shards/check.py first (as it did), its case lists numpy."""
     empty = tmp_path / "empty"
     empty.mkdir()
-    for command in (("generate", empty, "--prompt", "hi"), ("serve", empty), ("warmup", empty)):
-        code, found, stderr = loaded(*command, modules=("plamo2_tools.model",))
+    for command in (("generate", empty, "--prompt", "hi"), ("serve", empty), ("warmup", empty), ("check", empty)):
+        code, found, stderr = loaded(*command, modules=("plamo2_tools.model", "numpy"))
         assert code == 2 and "no plamo2_shards.json" in stderr and not found, (command, found, stderr)
