@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from plamo2_tools.export.mlx import EXPORT_KIND, EXPORT_SCHEMA_VERSION, FIGURES_NAME
+from plamo2_tools.export.mlx import EXPORT_KIND, EXPORT_SCHEMA_VERSION
+from plamo2_tools.export.side import SIDE_JSON
 from plamo2_tools.kinds import BENCH_EXPORT_MLX_KIND, EXPORT_MLX_KIND
 from plamo2_tools.report import build_report
 from plamo2_tools.report.inputs import SCHEMAS
@@ -36,7 +37,7 @@ def test_an_export_shows_in_the_report_with_its_verdict(cli, checkpoint, tmp_pat
     out = tmp_path / "mlx"
     # tiny3: mlx-lm decodes PLaMo 3 with another window than it scores with (test_mlx_export): exit 1, kept
     (results / "export.json").write_text(cli("export", "mlx", checkpoint("tiny3"), out, "--json", expect=1).stdout)
-    (results / "figures.json").write_text((out / FIGURES_NAME).read_text())
+    (results / "figures.json").write_text((out / SIDE_JSON).read_text())
     result = build_report([results], tmp_path / "r.md", timestamp=False)
     assert result.skipped == [] and [d.kind for d in result.docs] == ["export-mlx", "export-mlx"]
     text = (tmp_path / "r.md").read_text()
