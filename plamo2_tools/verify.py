@@ -66,8 +66,10 @@ def random_prompts(
     return prompts
 
 
-def prompts_from_file(path: Path, tokenizer_dir: Path) -> list[list[int]]:
-    """JSON lines with "input_ids" (token lists) or "text", or plain text with one prompt per line."""
+def prompts_from_file(path: Path, tokenizer_dir: Path, tokenizer: Any = None) -> list[list[int]]:
+    """JSON lines with "input_ids" (token lists) or "text", or plain text with one prompt per line.
+    Text is tokenized by `tokenizer` when given, else by the one in `tokenizer_dir`, loaded on the
+    first text line (its refusal, when there is none, is the line's)."""
     try:
         lines = [line for line in path.read_text().splitlines() if line.strip()]
     except FileNotFoundError:
@@ -81,7 +83,6 @@ def prompts_from_file(path: Path, tokenizer_dir: Path) -> list[list[int]]:
     if not lines:
         raise UserError(f"{path}: no prompts")
     prompts: list[list[int]] = []
-    tokenizer = None
     for line in lines:
         item: Any = line
         if line.lstrip().startswith("{"):
@@ -100,7 +101,8 @@ def prompts_from_file(path: Path, tokenizer_dir: Path) -> list[list[int]]:
         if isinstance(item, dict) and not isinstance(item.get("text"), str):
             raise UserError(f'{path}: a JSON line needs "input_ids" or "text": {line[:80]}')
         text = item["text"] if isinstance(item, dict) else item
-        tokenizer = tokenizer or load_tokenizer(tokenizer_dir)
+        if tokenizer is None:
+            tokenizer = load_tokenizer(tokenizer_dir)
         prompts.append(list(tokenizer(text)["input_ids"]))
     return prompts
 

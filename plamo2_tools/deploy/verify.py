@@ -209,21 +209,23 @@ def verify_prompts(
     gsm8k_like: bool = False,
     random: int = 4,
     seed: int = 0,
+    tokenizer: Any = None,
 ) -> tuple[list[list[int]], str]:
     """The prompts (token ids) and how the result names where they came from: given ids ("api"), a
     prompts file (text lines or JSON lines with input_ids/text), the built-in GSM8K-like questions,
-    or `random` random token prompts from `seed`."""
+    or `random` random token prompts from `seed`.  Text goes through `tokenizer` (the reference's,
+    already loaded) or, when that is None, through a load that says why there is none."""
     from ..verify import prompts_from_file, random_prompts
 
     if isinstance(prompts, Path):
-        return prompts_from_file(prompts, ref.path), str(prompts)
+        return prompts_from_file(prompts, ref.path, tokenizer), str(prompts)
     if prompts is not None:
         return [list(map(int, p)) for p in prompts], "api"
     if gsm8k_like:
         from ..runtime.batching.engine import load_tokenizer
         from .prompts import GSM8K_LIKE
 
-        tok = load_tokenizer(ref.path)
+        tok = tokenizer if tokenizer is not None else load_tokenizer(ref.path)
         return [list(tok(p)["input_ids"]) for p in GSM8K_LIKE], "gsm8k-like (built in)"
     cfg = ref.config
     return random_prompts(random, cfg.vocab_size, seed, cfg.bos_token_id), f"random(n={random}, seed={seed})"
@@ -264,10 +266,10 @@ def verify_deployments(
         raise UserError("--prompts and --gsm8k-like: give one")
     kinds = [detect_kind(str(t)) for t in targets]
     ref = Reference(Path(reference), precision, reference_device)
-    prompt_ids, source = verify_prompts(ref, prompts, gsm8k_like, random, seed)
+    tokenizer = reference_tokenizer(ref.path)  # once: text prompts, token names and parity all use it
+    prompt_ids, source = verify_prompts(ref, prompts, gsm8k_like, random, seed, tokenizer)
     for i, ids in enumerate(prompt_ids):
         check_tokens(ids, ref.config, max_new_tokens, f"prompt {i + 1}")
-    tokenizer = reference_tokenizer(ref.path)
     pinned = dict(pinned or {})
     options = {"forward_options": pinned, **target_options}
     # Opened before the reference runs: a server that is down or a damaged shard is one line now.

@@ -137,3 +137,37 @@ def test_targets_are_refused_before_any_work(cli, one_line_error, checkpoint, tm
     for args, words in cases:
         line = one_line_error(cli("verify", *args, "--reference", ref, expect=2), 2)
         assert words in line, (args, line)
+
+
+def test_text_prompts_are_the_reference_tokenizers_and_it_is_loaded_once(
+    shards, checkpoint, tmp_path, monkeypatch
+) -> None:
+    """A prompts file of text and the built-in GSM8K-like questions are tokenized by the reference's
+    tokenizer, the same one that names tokens and checks parity: the reference's is loaded once per
+    call.  Seen failing with `verify_prompts` loading its own (two loads)."""
+    from plamo2_tools.deploy import verify as deploy_verify
+    from plamo2_tools.deploy.prompts import GSM8K_LIKE
+    from plamo2_tools.runtime.batching import engine
+
+    src, layout = checkpoint("tiny", seed=5), shards("tiny", 1, 1, seed=5)
+    text = tmp_path / "prompts.txt"
+    text.write_text("The capital of Japan is\n" + json.dumps({"text": "One, two,"}) + "\n")
+    loads = []
+    real = engine.load_tokenizer
+
+    def counting(path, *args, **kwargs):  # type: ignore[no-untyped-def]
+        loads.append(path)
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(engine, "load_tokenizer", counting)
+    tok = real(src)
+    for prompts, gsm8k_like, texts in (
+        (text, False, ["The capital of Japan is", "One, two,"]),
+        (None, True, GSM8K_LIKE),
+    ):
+        loads.clear()
+        result = deploy_verify.verify_deployments(
+            [str(layout)], src, prompts, gsm8k_like=gsm8k_like, max_new_tokens=1, backend="torch"
+        )
+        assert result["passed"] and loads.count(src) == 1, loads  # (the shards target loads its own, for parity)
+        assert result["prompts"]["lengths"] == [len(tok(t)["input_ids"]) for t in texts]
